@@ -1,0 +1,220 @@
+"""Stream from Triton over gRPC (and HTTP generate_stream), measuring TTFT, TPOT and tokens."""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from .packing import to_infer_inputs
+
+
+@dataclass
+class StreamResult:
+    """Everything a caller needs from one generation: text, timings, counts, error."""
+
+    chunks: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    chunk_times_s: list[float] = field(default_factory=list)
+    backend: str | None = None
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    error_code: str | None = None
+    cancelled: bool = False
+
+    @property
+    def text(self) -> str:
+        """The streamed text, concatenated."""
+        return "".join(self.chunks)
+
+    @property
+    def ok(self) -> bool:
+        """True when the stream ended without an error."""
+        return self.error is None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (None with fewer than two tokens)."""
+        n = self.num_output_tokens or len(self.token_ids) or len(self.chunks)
+        if self.ttft_s is None or n < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (n - 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-friendly summary (used by the CLI's --json)."""
+        return {
+            "text": self.text, "backend": self.backend, "ttft_s": self.ttft_s, "tpot_s": self.tpot_s,
+            "e2e_s": self.e2e_s, "num_input_tokens": self.num_input_tokens,
+            "num_output_tokens": self.num_output_tokens, "finish_reason": self.finish_reason,
+            "error": self.error, "error_code": self.error_code, "cancelled": self.cancelled,
+        }
+
+
+def _first(value: np.ndarray) -> Any:
+    flat = value.reshape(-1)
+    return flat[0] if flat.size else None
+
+
+def _absorb(result: StreamResult, outputs: dict[str, np.ndarray]) -> None:
+    """Fold one response's outputs into the result."""
+    if "text_output" in outputs:
+        text = "".join(
+            (v.decode("utf-8") if isinstance(v, (bytes, np.bytes_)) else str(v))
+            for v in outputs["text_output"].reshape(-1)
+        )
+        if text:
+            result.chunks.append(text)
+    if "output_ids" in outputs:
+        result.token_ids.extend(int(t) for t in outputs["output_ids"].reshape(-1))
+    if "backend" in outputs:
+        b = _first(outputs["backend"])
+        result.backend = b.decode() if isinstance(b, bytes) else str(b)
+    if "finish_reason" in outputs:
+        f = _first(outputs["finish_reason"])
+        result.finish_reason = f.decode() if isinstance(f, bytes) else str(f)
+    if "num_input_tokens" in outputs:
+        result.num_input_tokens = int(_first(outputs["num_input_tokens"]))
+    if "num_output_tokens" in outputs:
+        n = int(_first(outputs["num_output_tokens"]))
+        result.num_output_tokens = (result.num_output_tokens or 0) + n
+
+
+_OUTPUTS = ("text_output", "output_ids", "backend", "finish_reason", "num_input_tokens",
+            "num_output_tokens")
+
+
+def _error_code(err: Any) -> str:
+    status = str(getattr(err, "status", lambda: "")() or "")
+    for code in ("INVALID_ARGUMENT", "UNAVAILABLE", "CANCELLED", "NOT_FOUND", "INTERNAL",
+                 "RESOURCE_EXHAUSTED", "UNIMPLEMENTED"):
+        if code in status:
+            return "INVALID_ARG" if code == "INVALID_ARGUMENT" else code
+    return status or "UNKNOWN"
+
+
+def stream_grpc(
+    url: str,
+    model: str,
+    tensors: dict[str, np.ndarray],
+    priority: int = 0,
+    request_id: str | None = None,
+    timeout_s: float = 300.0,
+    on_chunk: Callable[[StreamResult], None] | None = None,
+    cancel_after_chunks: int | None = None,
+) -> StreamResult:
+    """Send one request on a gRPC stream and collect every response until the final one.
+
+    ``priority`` sets Triton's own request priority (queue order in the server); the
+    router's ``priority`` tensor is part of ``tensors``. ``cancel_after_chunks``
+    cancels the request after that many non-empty responses (the stream is closed with
+    cancel_requests=True, so the server sees a cancellation).
+    """
+    import tritonclient.grpc as grpcclient
+
+    responses: "queue.Queue[tuple[Any, Any]]" = queue.Queue()
+    client = grpcclient.InferenceServerClient(url=url)
+    result = StreamResult()
+    t0 = time.monotonic()
+    try:
+        client.start_stream(callback=lambda res, err: responses.put((res, err)))
+        client.async_stream_infer(
+            model_name=model,
+            inputs=to_infer_inputs(tensors, "grpc"),
+            request_id=request_id or uuid.uuid4().hex,
+            priority=priority,
+            enable_empty_final_response=True,
+        )
+        deadline = t0 + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                result.error, result.error_code = f"no final response within {timeout_s:.0f} s", "TIMEOUT"
+                break
+            try:
+                res, err = responses.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            now = time.monotonic() - t0
+            if err is not None:
+                result.error, result.error_code = str(err.message() if hasattr(err, "message") else err), _error_code(err)
+                break
+            response = res.get_response()
+            outputs = {o.name: res.as_numpy(o.name) for o in response.outputs if o.name in _OUTPUTS}
+            before = (len(result.chunks), len(result.token_ids))
+            _absorb(result, {k: v for k, v in outputs.items() if v is not None})
+            if (len(result.chunks), len(result.token_ids)) != before:
+                if result.ttft_s is None:
+                    result.ttft_s = now
+                result.chunk_times_s.append(now)
+                if on_chunk is not None:
+                    on_chunk(result)
+                if cancel_after_chunks is not None and len(result.chunk_times_s) >= cancel_after_chunks:
+                    client.stop_stream(cancel_requests=True)
+                    result.cancelled = True
+                    break
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                break
+    finally:
+        result.e2e_s = time.monotonic() - t0
+        try:
+            client.stop_stream(cancel_requests=result.cancelled)
+        except Exception:  # noqa: BLE001 - the stream may already be closed
+            pass
+        client.close()
+    return result
+
+
+def stream_http(base_url: str, model: str, payload: dict[str, Any], timeout_s: float = 300.0,
+                stream: bool = True) -> StreamResult:
+    """POST to Triton's ``generate_stream`` (SSE) or ``generate`` endpoint and collect the result."""
+    endpoint = "generate_stream" if stream else "generate"
+    request = urllib.request.Request(
+        f"http://{base_url}/v2/models/{model}/{endpoint}",
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    result = StreamResult()
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:
+            for event in _events(resp) if stream else [json.loads(resp.read())]:
+                now = time.monotonic() - t0
+                if "error" in event:
+                    result.error, result.error_code = event["error"], "ERROR"
+                    break
+                outputs = {k: np.array([v.encode() if isinstance(v, str) else v], dtype=object)
+                           for k, v in event.items() if k in _OUTPUTS}
+                n = len(result.chunks)
+                _absorb(result, outputs)
+                if len(result.chunks) != n:
+                    result.ttft_s = now if result.ttft_s is None else result.ttft_s
+                    result.chunk_times_s.append(now)
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")
+        try:
+            result.error = json.loads(body).get("error", body)
+        except ValueError:
+            result.error = body
+        result.error_code = str(exc.code)
+    result.e2e_s = time.monotonic() - t0
+    return result
+
+
+def _events(resp: Any) -> Iterator[dict[str, Any]]:
+    """Parse a server-sent-events body into JSON objects."""
+    for raw in resp:
+        line = raw.decode("utf-8").strip()
+        if line.startswith("data:"):
+            yield json.loads(line[5:].strip())

@@ -1,0 +1,259 @@
+"""The one module that touches ``triton_python_backend_utils`` (pb_utils).
+
+Everything else in ``hybrid_router`` is plain Python; the three ``model.py`` files
+use these helpers for tensors, responses, errors, metrics and BLS calls.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from .contracts import InvalidInput, TensorSpec, parse_inputs
+
+
+
+class EngineCallError(RuntimeError):
+    """A BLS call to an engine returned an error response."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _code(name: str) -> Any:
+    return getattr(pb_utils.TritonError, name, pb_utils.TritonError.INTERNAL)
+
+
+def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
+    """``config.pbtxt`` parameters as a flat str -> str dict."""
+    params = model_config.get("parameters", {}) or {}
+    return {k: str(v.get("string_value", "")) for k, v in params.items()}
+
+
+def read_request(request: Any, specs: Sequence[TensorSpec]) -> dict[str, Any]:
+    """Parse a Triton request's inputs with a contract spec (raises InvalidInput)."""
+    raw: dict[str, np.ndarray] = {}
+    for spec in specs:
+        tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
+        if tensor is not None:
+            raw[spec.name] = tensor.as_numpy()
+    return parse_inputs(raw, specs)
+
+
+def request_parameters(request: Any) -> dict[str, Any]:
+    """The request's Triton parameters (JSON in this Python backend)."""
+    try:
+        return json.loads(request.parameters() or "{}")
+    except (ValueError, TypeError):
+        return {}
+
+
+def make_response(outputs: Mapping[str, np.ndarray]) -> Any:
+    """Build an InferenceResponse from name -> numpy array."""
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(name, value) for name, value in outputs.items()]
+    )
+
+
+def error_response(message: str, code: str = "INTERNAL") -> Any:
+    """Build an error InferenceResponse with a Triton error code name."""
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, _code(code)))
+
+
+def send(sender: Any, outputs: Mapping[str, np.ndarray] | None, final: bool = False) -> None:
+    """Send one streamed response (or just the FINAL flag when outputs is None)."""
+    final_flag = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    if outputs is None:
+        sender.send(flags=final_flag)
+    else:
+        sender.send(make_response(outputs), flags=final_flag if final else 0)
+
+
+def send_error(sender: Any, message: str, code: str = "INTERNAL") -> None:
+    """End a stream with an error response carrying the right Triton code."""
+    sender.send(error_response(message, code), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def is_cancelled(sender: Any) -> bool:
+    """True when the client cancelled or disconnected."""
+    try:
+        return bool(sender.is_cancelled())
+    except Exception:  # noqa: BLE001 - a finished sender cannot be queried; treat as gone
+        return True
+
+
+class Logger:
+    """pb_utils.Logger with a fixed prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._log = pb_utils.Logger
+
+    def info(self, msg: str) -> None:
+        """Log at INFO."""
+        self._log.log_info(f"{self._prefix} {msg}")
+
+    def warn(self, msg: str) -> None:
+        """Log at WARNING."""
+        self._log.log_warn(f"{self._prefix} {msg}")
+
+    def error(self, msg: str) -> None:
+        """Log at ERROR."""
+        self._log.log_error(f"{self._prefix} {msg}")
+
+
+class Metrics:
+    """Creates Triton metric families and updates them off the hot path (a writer thread)."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Any] = {}
+        self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._queue: "queue.SimpleQueue[tuple[Any, str, float] | None]" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._drain, name="metrics-writer", daemon=True)
+        self._thread.start()
+
+    def family(self, name: str, description: str, kind: str) -> None:
+        """Declare a metric family (counter, gauge or histogram)."""
+        if name not in self._families:
+            kinds = {
+                "counter": pb_utils.MetricFamily.COUNTER,
+                "gauge": pb_utils.MetricFamily.GAUGE,
+                "histogram": pb_utils.MetricFamily.HISTOGRAM,
+            }
+            self._families[name] = pb_utils.MetricFamily(
+                name=name, description=description, kind=kinds[kind]
+            )
+
+    def metric(self, name: str, labels: Mapping[str, str], buckets: Sequence[float] | None = None) -> Any:
+        """Get (or create) the metric of a family for a label set."""
+        key = (name, tuple(sorted(labels.items())))
+        metric = self._metrics.get(key)
+        if metric is None:
+            family = self._families[name]
+            if buckets is not None:
+                metric = family.Metric(labels=dict(labels), buckets=list(buckets))
+            else:
+                metric = family.Metric(labels=dict(labels))
+            self._metrics[key] = metric
+        return metric
+
+    def inc(self, metric: Any, value: float = 1.0) -> None:
+        """Increment a counter or gauge (asynchronously)."""
+        if value:
+            self._queue.put((metric, "increment", value))
+
+    def set(self, metric: Any, value: float) -> None:
+        """Set a gauge (asynchronously)."""
+        self._queue.put((metric, "set", value))
+
+    def observe(self, metric: Any, value: float) -> None:
+        """Observe a histogram sample (asynchronously)."""
+        self._queue.put((metric, "observe", value))
+
+    def flush(self, timeout_s: float = 2.0) -> None:
+        """Wait until queued updates are written (best effort)."""
+        done = threading.Event()
+        self._queue.put((done, "event", 0.0))
+        done.wait(timeout_s)
+
+    def _drain(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            target, op, value = item
+            if op == "event":
+                target.set()
+                continue
+            try:
+                getattr(target, op)(value)
+            except Exception:  # noqa: BLE001 - a metric write must never kill the writer
+                pass
+
+    def close(self) -> None:
+        """Stop the writer thread and release every metric while the stub is alive.
+
+        Metric objects left for interpreter shutdown crash the 2.51 stub (segfault in
+        ``Metric::Clear``), so they are dropped here, in ``finalize``.
+        """
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+        self._metrics.clear()
+        self._families.clear()
+        import gc
+
+        gc.collect()
+
+
+def bls_stream(
+    model_name: str,
+    inputs: Mapping[str, np.ndarray],
+    request_id: str,
+    output_names: Sequence[str],
+    timeout_us: int = 0,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Call a decoupled engine model through BLS and yield each response's outputs.
+
+    This iterator blocks: run it on a worker thread, never on an event loop.
+    """
+    kwargs: dict[str, Any] = dict(
+        model_name=model_name,
+        inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
+        requested_output_names=list(output_names),
+        request_id=request_id,
+    )
+    if timeout_us:
+        kwargs["timeout"] = timeout_us
+    responses = pb_utils.InferenceRequest(**kwargs).exec(decoupled=True)
+    for response in responses:
+        if response.has_error():
+            err = response.error()
+            raise EngineCallError(err.message(), _error_code_name(err))
+        outputs: dict[str, np.ndarray] = {}
+        for tensor in response.output_tensors():
+            outputs[tensor.name()] = tensor.as_numpy()
+        if outputs:
+            yield outputs
+
+
+def _error_code_name(err: Any) -> str:
+    try:
+        code = err.code()
+    except Exception:  # noqa: BLE001 - older stubs have no code()
+        return "INTERNAL"
+    for name in ("INVALID_ARG", "UNAVAILABLE", "CANCELLED", "NOT_FOUND", "UNSUPPORTED"):
+        if code == getattr(pb_utils.TritonError, name, object()):
+            return name
+    return "INTERNAL"
+
+
+def model_ready(model_name: str) -> bool:
+    """Whether Triton reports a model as ready (used for engine health)."""
+    try:
+        return bool(pb_utils.is_model_ready(model_name=model_name))
+    except Exception:  # noqa: BLE001 - the call is unavailable while the server shuts down
+        return False
+
+
+__all__ = [
+    "EngineCallError",
+    "InvalidInput",
+    "Logger",
+    "Metrics",
+    "bls_stream",
+    "error_response",
+    "is_cancelled",
+    "make_response",
+    "model_parameters",
+    "model_ready",
+    "read_request",
+    "request_parameters",
+    "send",
+    "send_error",
+]
