@@ -126,7 +126,7 @@ def stream_grpc(
     result = StreamResult()
     t0 = time.monotonic()
     try:
-        client.start_stream(callback=lambda res, err: responses.put((res, err)))
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
         client.async_stream_infer(
             model_name=model,
             inputs=to_infer_inputs(tensors, "grpc"),

@@ -113,6 +113,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self._families: dict[str, Any] = {}
+        self._lock = threading.Lock()
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._queue: "queue.SimpleQueue[tuple[Any, str, float] | None]" = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._drain, name="metrics-writer", daemon=True)
@@ -135,12 +136,15 @@ class Metrics:
         key = (name, tuple(sorted(labels.items())))
         metric = self._metrics.get(key)
         if metric is None:
-            family = self._families[name]
-            if buckets is not None:
-                metric = family.Metric(labels=dict(labels), buckets=list(buckets))
-            else:
-                metric = family.Metric(labels=dict(labels))
-            self._metrics[key] = metric
+            with self._lock:
+                metric = self._metrics.get(key)
+                if metric is None:
+                    family = self._families[name]
+                    if buckets is not None:
+                        metric = family.Metric(labels=dict(labels), buckets=list(buckets))
+                    else:
+                        metric = family.Metric(labels=dict(labels))
+                    self._metrics[key] = metric
         return metric
 
     def inc(self, metric: Any, value: float = 1.0) -> None:
@@ -233,14 +237,6 @@ def _error_code_name(err: Any) -> str:
     return "INTERNAL"
 
 
-def model_ready(model_name: str) -> bool:
-    """Whether Triton reports a model as ready (used for engine health)."""
-    try:
-        return bool(pb_utils.is_model_ready(model_name=model_name))
-    except Exception:  # noqa: BLE001 - the call is unavailable while the server shuts down
-        return False
-
-
 __all__ = [
     "EngineCallError",
     "InvalidInput",
@@ -251,7 +247,6 @@ __all__ = [
     "is_cancelled",
     "make_response",
     "model_parameters",
-    "model_ready",
     "read_request",
     "request_parameters",
     "send",

@@ -1,0 +1,367 @@
+"""The router's control flow: admit, decide, queue, dispatch, stream, fail over.
+
+No Triton imports: the Triton side is a ``Transport`` (BLS streams, responses,
+cancellation checks, model readiness) and a ``RouterMetrics`` (see metrics.py), both
+injected by ``router_bls/1/model.py``; unit tests inject fakes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from . import prom
+from .breaker import BreakerState, CircuitBreaker
+from .config import RouterConfig
+from .detok import IncrementalDetokenizer
+from .dispatch import Dispatcher, Ticket
+from .latency import LatencyWindow
+from .policy import ENGINE_KEYS, TRTLLM, VLLM, Decision, EngineStats, RequestFeatures, create_policy, engine_weight, other
+from .requests import (
+    TRTLLM_OUTPUTS, VLLM_OUTPUTS, RouterJob, find_stop, trtllm_inputs, trtllm_stop_inputs,
+    vllm_inputs, vllm_stop_inputs,
+)
+
+
+class EngineError(RuntimeError):
+    """An engine answered with an error (code: a Triton error code name)."""
+
+    def __init__(self, message: str, code: str = "INTERNAL") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Transport(Protocol):
+    """What the router needs from Triton."""
+
+    def stream(self, model: str, inputs: Mapping[str, np.ndarray], request_id: str,
+               outputs: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        """Yield each engine response's outputs; raise EngineError on an error response."""
+
+    def send(self, sender: Any, outputs: Mapping[str, np.ndarray] | None, final: bool) -> None:
+        """Send a response to the client (outputs None: only the FINAL flag)."""
+
+    def send_error(self, sender: Any, message: str, code: str) -> None:
+        """End the client's stream with an error."""
+
+    def is_cancelled(self, sender: Any) -> bool:
+        """Has the client cancelled or gone away?"""
+
+
+class NullMetrics:
+    """Router metrics that record nothing (unit tests, or metrics disabled)."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+@dataclass
+class Pending:
+    """A dispatched or queued request and where its responses go."""
+
+    job: RouterJob
+    sender: Any
+    decision: Decision
+    arrived: float
+
+
+class EngineState:
+    """Health and load signals of one engine."""
+
+    def __init__(self, cfg: RouterConfig, clock: Callable[[], float]) -> None:
+        self.breaker = CircuitBreaker(cfg, clock)
+        self.ttft = LatencyWindow(cfg.latency_window_s, clock=clock)
+        self.kv_usage = 0.0
+        self.ready = True
+
+
+class RouterService:
+    """Everything between ``execute`` and the engines."""
+
+    def __init__(self, cfg: RouterConfig, transport: Transport, tokenizer: Any,
+                 metrics: Any = None, clock: Callable[[], float] = time.monotonic,
+                 log: Callable[[str], None] = lambda msg: None) -> None:
+        self.cfg = cfg
+        self.transport = transport
+        self.tokenizer = tokenizer
+        self.metrics = metrics or NullMetrics()
+        self.clock = clock
+        self.log = log
+        self.policy = create_policy(cfg)
+        self.engines = {e: EngineState(cfg, clock) for e in ENGINE_KEYS}
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.end_id = cfg.end_id if cfg.end_id >= 0 else int(eos if eos is not None else 2)
+        self.dispatcher = Dispatcher(
+            cfg,
+            kv_usage=lambda e: self.engines[e].kv_usage,
+            p95_ms=lambda e: self.engines[e].ttft.p95(),
+            on_release=self._on_release,
+            clock=clock,
+        )
+        self.pool = ThreadPoolExecutor(max_workers=cfg.trtllm_capacity + cfg.vllm_capacity + 8,
+                                       thread_name_prefix="router-stream")
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+    def start(self, poll: bool = True) -> None:
+        """Start dispatching (and polling Triton's metrics endpoint and readiness)."""
+        self.dispatcher.start()
+        if poll and self.cfg.metrics_poll_ms > 0:
+            self._poller = threading.Thread(target=self._poll_loop, name="router-poller", daemon=True)
+            self._poller.start()
+
+    def stop(self) -> None:
+        """Stop background threads; in-flight streams finish on their own."""
+        self._stop.set()
+        self.dispatcher.stop()
+        self.pool.shutdown(wait=False, cancel_futures=False)
+        if self._poller is not None:
+            self._poller.join(timeout=5)
+
+    # ---- signals ---------------------------------------------------------------------
+    def engine_stats(self) -> dict[str, EngineStats]:
+        """A snapshot of what the policy needs per engine."""
+        out = {}
+        for e, st in self.engines.items():
+            out[e] = EngineStats(
+                healthy=st.ready and st.breaker.available(),
+                kv_usage=st.kv_usage,
+                p95_ms=st.ttft.p95(),
+                in_flight=self.dispatcher.in_flight[e],
+                queued=self.dispatcher.queued(e),
+            )
+        return out
+
+    def apply_metrics(self, text: str) -> None:
+        """Update KV usage from a scrape of Triton's metrics endpoint."""
+        samples = prom.parse_text(text)
+        vllm_kv = prom.value(samples, "vllm:kv_cache_usage_perc", model=self.cfg.vllm_model)
+        trt_kv = prom.value(samples, "nv_trt_llm_kv_cache_block_metrics",
+                            model=self.cfg.trtllm_model, kv_cache_block_type="fraction")
+        if vllm_kv is not None:
+            self.engines[VLLM].kv_usage = vllm_kv
+        if trt_kv is not None:
+            self.engines[TRTLLM].kv_usage = trt_kv
+
+    def _poll_loop(self) -> None:
+        import urllib.request
+
+        period = self.cfg.metrics_poll_ms / 1000.0
+        failures = 0
+        while not self._stop.wait(period):
+            try:
+                with urllib.request.urlopen(self.cfg.metrics_url, timeout=2) as resp:
+                    self.apply_metrics(resp.read().decode("utf-8", "replace"))
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - keep polling; routing uses the last values
+                failures += 1
+                if failures in (1, 100):
+                    self.log(f"metrics poll of {self.cfg.metrics_url} failed: {exc!r}")
+            for e, st in self.engines.items():
+                st.ready = self._model_ready(self.cfg.model_name(e))
+            self._export_gauges()
+
+    def _model_ready(self, model: str) -> bool:
+        """Readiness from Triton's HTTP endpoint.
+
+        Not ``pb_utils.is_model_ready``: called from a background thread while requests
+        execute, it aborts tritonserver 2.51 (boost::interprocess::lock_exception).
+        """
+        import urllib.error
+        import urllib.request
+
+        if not self.cfg.server_http_url:
+            return True
+        try:
+            with urllib.request.urlopen(f"{self.cfg.server_http_url}/v2/models/{model}/ready", timeout=2) as r:
+                return r.status == 200
+        except urllib.error.HTTPError:
+            return False
+        except OSError:
+            return self.engines[VLLM if model == self.cfg.vllm_model else TRTLLM].ready
+
+    def _export_gauges(self) -> None:
+        stats = self.engine_stats()
+        for e, st in stats.items():
+            self.metrics.engine_gauges(e, weight=engine_weight(st, self.cfg),
+                                       breaker=int(self.engines[e].breaker.state),
+                                       kv_usage=st.kv_usage, in_flight=st.in_flight)
+        self.metrics.queue_depth(self.dispatcher.queued_by_class())
+
+    # ---- requests --------------------------------------------------------------------
+    def features(self, job: RouterJob) -> RequestFeatures:
+        """Policy inputs of a job."""
+        return RequestFeatures(len(job.prompt_ids), job.latency_sla_ms, job.priority)
+
+    def admit(self, job: RouterJob, sender: Any) -> bool:
+        """Decide and queue a request; False (caller answers UNAVAILABLE) when the queue is full."""
+        job.request_id = job.request_id or uuid.uuid4().hex
+        decision = self.policy.decide(self.features(job), self.engine_stats())
+        pending = Pending(job, sender, decision, self.clock())
+        ticket = self.dispatcher.submit(decision.engine, job.priority, pending)
+        if ticket is None:
+            self.metrics.rejected("queue_full")
+            return False
+        self.metrics.routed(decision.engine, decision.reason)
+        return True
+
+    def _on_release(self, ticket: Ticket) -> None:
+        self.metrics.queue_wait(ticket.priority, ticket.wait_s)
+        self.pool.submit(self._run, ticket.payload, ticket.engine)
+
+    def _run(self, pending: Pending, engine: str) -> None:
+        """Serve one request on ``engine``; fail over once if it fails before the first token."""
+        try:
+            outcome = self._serve(pending, engine)
+            if outcome == "failover":
+                target = other(engine)
+                self.metrics.failover(engine, target)
+                self.log(f"request {pending.job.request_id}: {engine} failed before the first token; "
+                         f"failing over to {target}")
+                self.dispatcher.acquire(target)
+                try:
+                    if self._serve(pending, target, allow_failover=False) == "failover":
+                        self.transport.send_error(pending.sender, "both engines failed before producing "
+                                                  "a token; retry later", "UNAVAILABLE")
+                finally:
+                    self.dispatcher.complete(target)
+        except Exception as exc:  # noqa: BLE001 - a stream must always end with FINAL
+            self.log(f"request {pending.job.request_id}: router error {exc!r}")
+            try:
+                self.transport.send_error(pending.sender, f"router error: {exc}", "INTERNAL")
+            except Exception:  # noqa: BLE001 - the client is gone
+                pass
+        finally:
+            self.dispatcher.complete(engine)
+
+    def _serve(self, p: Pending, engine: str, allow_failover: bool = True) -> str:
+        """Stream one attempt; returns 'done', 'cancelled', 'error' or 'failover'."""
+        job, st = p.job, self.engines[engine]
+        model = self.cfg.model_name(engine)
+        if not st.breaker.allow() or not st.ready:
+            return "failover" if allow_failover and self._other_up(engine) else self._fail(
+                p, engine, f"engine {model} is unavailable (circuit open or not ready)", "UNAVAILABLE")
+        request_id = f"{job.request_id}-{engine}"
+        if engine == TRTLLM:
+            inputs, outputs, detok = trtllm_inputs(job, self.end_id), TRTLLM_OUTPUTS, IncrementalDetokenizer(self.tokenizer)
+        else:
+            inputs, outputs, detok = vllm_inputs(job), VLLM_OUTPUTS, None
+        t_start = self.clock()
+        text_parts: list[str] = []
+        emitted = 0  # characters already sent to the client
+        n_out = 0
+        first = None
+        stopped = False
+        try:
+            for out in self.transport.stream(model, inputs, request_id, outputs):
+                if self.transport.is_cancelled(p.sender):
+                    self._stop_engine(engine, model, request_id)
+                    self.metrics.cancelled(engine)
+                    self.transport.send(p.sender, None, final=True)
+                    st.breaker.record(True)
+                    return "cancelled"
+                if detok is not None:
+                    ids = out["output_ids"].reshape(-1).tolist()
+                    n_out += len(ids)
+                    piece = detok.push(ids)
+                else:
+                    piece = b"".join(out["text_output"].reshape(-1).tolist()).decode("utf-8")
+                    if "num_output_tokens" in out:
+                        n_out += int(out["num_output_tokens"].reshape(-1)[0])
+                if not piece:
+                    continue
+                if first is None:
+                    first = self.clock()
+                    st.ttft.add((first - t_start) * 1000.0)
+                    self.metrics.ttft(engine, first - p.arrived)
+                text_parts.append(piece)
+                if job.stop_words:
+                    full = "".join(text_parts)
+                    cut = find_stop(full, job.stop_words, max(emitted - max(map(len, job.stop_words)), 0))
+                    if cut != -1:
+                        text_parts = [full[:cut]]
+                        self._stop_engine(engine, model, request_id)
+                        stopped = True
+                if job.stream:
+                    full = "".join(text_parts)
+                    hold = 0 if stopped else _stop_holdback(full, job.stop_words)
+                    delta = full[emitted:len(full) - hold]
+                    if delta:
+                        self.transport.send(p.sender, self._outputs(job, delta, engine, None), final=False)
+                        emitted += len(delta)
+                if stopped:
+                    break
+        except EngineError as exc:
+            client_error = exc.code == "INVALID_ARG"
+            st.breaker.record(client_error)
+            if first is None and allow_failover and not client_error and self._other_up(engine):
+                return "failover"
+            where = "before the first token" if first is None else f"after {emitted} characters were streamed"
+            return self._fail(p, engine, f"engine {model} failed {where}: {exc}",
+                              "INVALID_ARG" if client_error else ("UNAVAILABLE" if first is None else "INTERNAL"))
+        if detok is not None and not stopped:
+            tail = detok.flush()
+            if tail:
+                text_parts.append(tail)
+        full = "".join(text_parts)
+        t_end = self.clock()
+        st.breaker.record(True)
+        self.metrics.finished(engine, n_out, t_end - p.arrived,
+                              None if first is None or n_out < 2 else (t_end - first) / (n_out - 1))
+        if job.stream:
+            rest = full[emitted:]
+            self.transport.send(p.sender, self._outputs(job, rest, engine, n_out), final=True)
+        else:
+            text = full if job.exclude_input else job.prompt + full
+            self.transport.send(p.sender, self._outputs(job, text, engine, n_out), final=True)
+        return "done"
+
+    def _other_up(self, engine: str) -> bool:
+        st = self.engines[other(engine)]
+        return st.ready and st.breaker.available()
+
+    def _fail(self, p: Pending, engine: str, message: str, code: str) -> str:
+        self.metrics.errored(engine, code)
+        self.transport.send_error(p.sender, message, code)
+        return "error"
+
+    def _stop_engine(self, engine: str, model: str, request_id: str) -> None:
+        """Ask the engine to stop generating for a request (tensorrtllm ``stop`` semantics)."""
+        inputs = trtllm_stop_inputs() if engine == TRTLLM else vllm_stop_inputs()
+        try:
+            for _ in self.transport.stream(model, inputs, request_id, ()):
+                pass
+        except Exception as exc:  # noqa: BLE001 - the request may have finished already
+            self.log(f"stop of {request_id} on {model}: {exc!r}")
+
+    def _outputs(self, job: RouterJob, text: str, engine: str, n_out: int | None) -> dict[str, np.ndarray]:
+        out = {
+            "text_output": np.array([[text.encode("utf-8")]], dtype=np.object_),
+            "backend": np.array([[engine.encode()]], dtype=np.object_),
+        }
+        if job.return_num_input_tokens:
+            out["num_input_tokens"] = np.array([[len(job.prompt_ids)]], dtype=np.int32)
+        if job.return_num_output_tokens and n_out is not None:
+            out["num_output_tokens"] = np.array([[n_out]], dtype=np.int32)
+        return out
+
+
+def _stop_holdback(text: str, stop_words: Sequence[str]) -> int:
+    """Characters to hold back because they could be the start of a stop word."""
+    hold = 0
+    for word in stop_words:
+        for k in range(min(len(word) - 1, len(text)), 0, -1):
+            if text.endswith(word[:k]):
+                hold = max(hold, k)
+                break
+    return hold
+
+
+__all__ = ["EngineError", "RouterService", "Transport", "BreakerState"]

@@ -1,0 +1,60 @@
+"""Start a real tritonserver on a freshly rendered repository (one per test module)."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+from build_scripts.render import render
+from build_scripts.triton_server import ROOT, TritonServer, free_ports
+
+BUILD = ROOT / "build" / "tests"
+
+
+@contextmanager
+def running_server(name: str, models: Sequence[str] | None = None,
+                   overrides: Mapping[str, str] | None = None, model_control: str = "none",
+                   load_models: Sequence[str] = (), timeout_s: float = 420.0) -> Iterator[TritonServer]:
+    """Render the CPU profile into build/tests/<name>, start tritonserver, yield it, stop it."""
+    http, grpc, metrics = free_ports(3)
+    values = {"metrics_url": f"http://127.0.0.1:{metrics}/metrics",
+              "server_http_url": f"http://127.0.0.1:{http}", **(overrides or {})}
+    repo = render("cpu", BUILD / name / "repository", values, models)
+    log = BUILD / name / "server.log"
+    if log.exists():
+        log.unlink()
+    server = TritonServer(repo, log, http, grpc, metrics, model_control=model_control,
+                          load_models=load_models)
+    t0 = time.monotonic()
+    server.start()
+    try:
+        server.wait_ready(timeout_s)
+        server.start_to_ready_s = time.monotonic() - t0  # type: ignore[attr-defined]
+        yield server
+    finally:
+        server.stop()
+
+
+def scrape(server: TritonServer) -> str:
+    """Triton's /metrics text."""
+    with urllib.request.urlopen(server.metrics_url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (0 when absent)."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        m = re.match(r"([^{\s]+)(\{[^}]*\})?\s+(\S+)", line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+    return total
