@@ -1,0 +1,42 @@
+"""Router configuration: parsed once, validated, errors name the parameter."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybrid_router.config import RouterConfig, config_from_parameters
+
+
+def test_defaults_and_unset_template_values():
+    cfg = config_from_parameters({"long_prompt_tokens": "${long}", "policy": "", "kv_watermark": "0.8"})
+    assert cfg.long_prompt_tokens == 2048 and cfg.policy == "hybrid" and cfg.kv_watermark == 0.8
+
+
+def test_lists_are_parsed():
+    cfg = config_from_parameters({"priority_weights": "4, 2, 1", "priority_max_wait_ms": "5,25,100"})
+    assert cfg.priority_weights == (4, 2, 1) and cfg.priority_max_wait_ms == (5.0, 25.0, 100.0)
+
+
+@pytest.mark.parametrize("params,needle", [
+    ({"kv_watermark": "1.5"}, "'kv_watermark'"),
+    ({"kv_watermark": "abc"}, "'kv_watermark'"),
+    ({"policy": "random"}, "'policy'"),
+    ({"fallback_target": "gpu"}, "'fallback_target'"),
+    ({"long_prompt_tokens": "100"}, "'short_prompt_tokens'"),
+    ({"priority_weights": "5,3"}, "'priority_weights'"),
+    ({"max_queue": "0"}, "'max_queue'"),
+    ({"max_tokens_default": "2000"}, "'max_tokens_default'"),
+    ({"interactive_sla_ms": "nan"}, "'interactive_sla_ms'"),
+    ({"no_such_knob": "1"}, "no_such_knob"),
+    ({"trtllm_capacity": "3.5"}, "'trtllm_capacity'"),
+])
+def test_bad_values_name_the_parameter(params, needle):
+    with pytest.raises(ValueError) as err:
+        config_from_parameters(params)
+    assert needle in str(err.value)
+
+
+def test_config_is_frozen():
+    cfg = RouterConfig()
+    with pytest.raises(Exception):
+        cfg.kv_watermark = 0.5  # type: ignore[misc]

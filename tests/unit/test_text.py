@@ -1,0 +1,64 @@
+"""Incremental detokenization, the Prometheus parser and stop words."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from hybrid_router import prom
+from hybrid_router.detok import IncrementalDetokenizer
+from hybrid_router.requests import find_stop
+from hybrid_router.service import _stop_holdback
+
+MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    if not (MODEL / "tokenizer.json").exists():
+        pytest.skip("generated model missing: run build_scripts/setup.sh")
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(MODEL))
+
+
+@pytest.mark.parametrize("text", [
+    "日本語のテキストと中文文本", "emoji 😀🚀✨ and 👩‍👩‍👧", "café naïve façade Ελληνικά Русский",
+    "plain ascii text, with punctuation!", "한국어 텍스트 mixed with English",
+])
+@pytest.mark.parametrize("step", [1, 2, 3])
+def test_streamed_text_equals_full_decode(tokenizer, text, step):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tokenizer)
+    pieces = [detok.push(ids[i:i + step]) for i in range(0, len(ids), step)]
+    pieces.append(detok.flush())
+    assert "".join(pieces) == tokenizer.decode(ids) == text
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_prometheus_parser():
+    text = '''# HELP x help
+# TYPE x gauge
+vllm:kv_cache_usage_perc{model="vllm_backend",version="1"} 0.25
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="trtllm",version="1"} 0.5
+nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="used",model="trtllm",version="1"} 12
+h_bucket{le="+Inf",q="a \\"quoted\\" \\\\ value"} 3
+plain 1e3
+'''
+    samples = prom.parse_text(text)
+    assert prom.value(samples, "vllm:kv_cache_usage_perc", model="vllm_backend") == 0.25
+    assert prom.value(samples, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="fraction") == 0.5
+    assert prom.value(samples, "plain") == 1000.0
+    bucket = prom.find(samples, "h_bucket")[0]
+    assert bucket.label("le") == "+Inf" and bucket.label("q") == 'a "quoted" \\ value'
+    assert prom.value(samples, "missing") is None
+    with pytest.raises(ValueError):
+        prom.parse_text('bad{label="x" 1')
+
+
+def test_stop_word_helpers():
+    assert find_stop("hello STOP world END", ["END", "STOP"]) == 6
+    assert find_stop("nothing", ["END"]) == -1
+    assert _stop_holdback("abc EN", ["END"]) == 2
+    assert _stop_holdback("abc", ["END"]) == 0
