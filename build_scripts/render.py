@@ -4,7 +4,8 @@ Templates use ``${name}`` placeholders (the fill_template convention of
 tensorrtllm_backend). Values come from ``build_scripts/profiles/<profile>.json``,
 then from ``--set name=value`` overrides. Files named ``*.cpu.*`` / ``*.gpu.*`` are
 kept (without the infix) only for that profile; a profile's ``exclude`` list drops
-files it does not use. The router's package ``hybrid_router`` is copied next to
+files it does not use. Every model gets its version folder ``1/`` even when the
+profile keeps no file in it. The router's package ``hybrid_router`` is copied next to
 every Python model that imports it. A rendered repository has no unfilled
 placeholder: an unknown or missing name is an error that names the file.
 
@@ -130,6 +131,11 @@ def render(profile: str, out: Path, overrides: Mapping[str, str] | None = None,
     if wanted is not None and wanted - rendered_models:
         shutil.rmtree(staging)
         raise RenderError(f"unknown model(s) {sorted(wanted - rendered_models)}")
+    # Triton needs a version folder even when a profile keeps no file in it (the gpu
+    # profile's tensorrtllm backend reads its engine from gpt_model_path); git cannot
+    # track an empty folder, so make it here.
+    for config in staging.glob("*/config.pbtxt"):
+        (config.parent / "1").mkdir(exist_ok=True)
     # Python models other than the router import the shared package from their version dir.
     package_src = TEMPLATES / PACKAGE
     for model_py in staging.glob("*/1/model.py"):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -93,7 +95,19 @@ _OUTPUTS = ("text_output", "output_ids", "backend", "finish_reason", "num_input_
             "num_output_tokens")
 
 
+_CODE_PREFIX = re.compile(r"^\[([A-Z_]+)\]")
+
+
+def error_code_of(message: str) -> str | None:
+    """The Triton error code this project's models put at the start of error messages."""
+    m = _CODE_PREFIX.match(message or "")
+    return m.group(1) if m else None
+
+
 def _error_code(err: Any) -> str:
+    prefixed = error_code_of(str(err.message() if hasattr(err, "message") else err))
+    if prefixed:
+        return prefixed
     status = str(getattr(err, "status", lambda: "")() or "")
     for code in ("INVALID_ARGUMENT", "UNAVAILABLE", "CANCELLED", "NOT_FOUND", "INTERNAL",
                  "RESOURCE_EXHAUSTED", "UNIMPLEMENTED"):
@@ -192,7 +206,8 @@ def stream_http(base_url: str, model: str, payload: dict[str, Any], timeout_s: f
             for event in _events(resp) if stream else [json.loads(resp.read())]:
                 now = time.monotonic() - t0
                 if "error" in event:
-                    result.error, result.error_code = event["error"], "ERROR"
+                    result.error = event["error"]
+                    result.error_code = error_code_of(result.error) or "ERROR"
                     break
                 outputs = {k: np.array([v.encode() if isinstance(v, str) else v], dtype=object)
                            for k, v in event.items() if k in _OUTPUTS}
@@ -202,12 +217,14 @@ def stream_http(base_url: str, model: str, payload: dict[str, Any], timeout_s: f
                     result.ttft_s = now if result.ttft_s is None else result.ttft_s
                     result.chunk_times_s.append(now)
     except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace")
+        body = exc.read().decode(errors="replace").strip()
+        if body.startswith("data:"):
+            body = body[5:].strip()
         try:
             result.error = json.loads(body).get("error", body)
         except ValueError:
             result.error = body
-        result.error_code = str(exc.code)
+        result.error_code = error_code_of(result.error) or str(exc.code)
     result.e2e_s = time.monotonic() - t0
     return result
 

@@ -62,8 +62,12 @@ def make_response(outputs: Mapping[str, np.ndarray]) -> Any:
 
 
 def error_response(message: str, code: str = "INTERNAL") -> Any:
-    """Build an error InferenceResponse with a Triton error code name."""
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, _code(code)))
+    """Build an error InferenceResponse with a Triton error code name.
+
+    The message starts with ``[CODE]``: Triton's gRPC stream carries only the message
+    of an error response, so this is how streaming clients learn the code too.
+    """
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"[{code}] {message}", _code(code)))
 
 
 def send(sender: Any, outputs: Mapping[str, np.ndarray] | None, final: bool = False) -> None:

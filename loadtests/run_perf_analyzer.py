@@ -1,0 +1,200 @@
+"""Run perf_analyzer (gRPC streaming) against router_bls or an engine, and summarize its export.
+
+perf_analyzer is the binary from the tritonclient 2.51.0 wheel that setup.sh lays
+out in ``.runtime/perf_analyzer`` (STACK.md: PyPI's perf-analyzer needs a newer
+glibc). It needs ``LD_LIBRARY_PATH=.runtime/perf_analyzer/lib:<site-packages>/nvidia_pytriton.libs``.
+
+Usage (a server already running)::
+
+    .venv/bin/python -m loadtests.run_perf_analyzer --url 127.0.0.1:8001 --model router_bls \\
+        --concurrency 1:4:1 --measurement-interval 10000
+    .venv/bin/python -m loadtests.run_perf_analyzer --url 127.0.0.1:8001 --model vllm_backend --request-rate 2:8:2
+
+Writes inputs.json, perf.csv (``-f``), profile_export.json (every request's response
+timestamps), perf_analyzer.log and summary.json (TTFT / e2e percentiles per
+experiment, computed from the export) into loadtests/results/<run>/.
+
+genai-perf (``--service-kind triton --backend tensorrtllm`` against router_bls) is
+NOT part of this environment: it is not in the lock files and must not be installed
+ad hoc. ``genai_perf_available()`` checks for it and ``genai_perf_command()`` builds
+the command that would be run; ``--genai-perf`` runs it only when it is importable.
+Whether genai-perf 0.0.16 works with the 2.51 perf_analyzer binary is untested.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+from .perf_inputs import write_inputs
+from .runner import percentile
+from .workload import DEFAULT_TOKENIZER, MIXES
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+PA_DIR = ROOT / ".runtime" / "perf_analyzer"
+PA_BIN = PA_DIR / "bin" / "perf_analyzer"
+RESULTS = ROOT / "loadtests" / "results"
+
+
+def perf_analyzer_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the 2.51 perf_analyzer binary needs (its libb64/libcudart symlinks)."""
+    env = dict(os.environ if base is None else base)
+    site = Path(sysconfig.get_paths(vars={"base": str(VENV), "platbase": str(VENV)})["purelib"])
+    libs = [str(PA_DIR / "lib"), str(site / "nvidia_pytriton.libs")]
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(libs)
+    return env
+
+
+def perf_analyzer_command(url: str, model: str, input_data: Path, out_dir: Path,
+                          concurrency: str | None = "1", request_rate: str | None = None,
+                          measurement_interval_ms: int = 10000, stability_pct: float = 30.0,
+                          max_trials: int = 5, binary: Path = PA_BIN,
+                          extra: list[str] | None = None) -> list[str]:
+    """The perf_analyzer command line for a gRPC streaming run (concurrency or request-rate sweep)."""
+    cmd = [
+        str(binary), "-m", model, "-u", url, "-i", "grpc", "--streaming", "--service-kind", "triton",
+        "--input-data", str(input_data), "--measurement-interval", str(measurement_interval_ms),
+        "--stability-percentage", str(stability_pct), "--max-trials", str(max_trials),
+        "-f", str(out_dir / "perf.csv"), "--profile-export-file", str(out_dir / "profile_export.json"),
+    ]
+    if request_rate:
+        cmd += ["--request-rate-range", request_rate]
+    else:
+        cmd += ["--concurrency-range", concurrency or "1"]
+    return cmd + list(extra or [])
+
+
+def summarize_export(path: Path) -> list[dict[str, Any]]:
+    """TTFT, end-to-end latency and responses per request, per experiment, from a profile export."""
+    doc = json.loads(Path(path).read_text())
+    out = []
+    for exp in doc.get("experiments", []):
+        ttft, e2e, responses = [], [], []
+        for req in exp.get("requests", []):
+            stamps = req.get("response_timestamps") or []
+            if not stamps:
+                continue
+            t0 = req["timestamp"]
+            ttft.append((stamps[0] - t0) / 1e9)
+            e2e.append((stamps[-1] - t0) / 1e9)
+            responses.append(len(stamps))
+        bounds = exp.get("window_boundaries") or []
+        wall = (bounds[-1] - bounds[0]) / 1e9 if len(bounds) >= 2 else None
+        out.append({
+            "mode": exp.get("experiment", {}).get("mode"), "value": exp.get("experiment", {}).get("value"),
+            "requests": len(e2e), "requests_per_s": (len(e2e) / wall) if wall else None,
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "e2e_p50_s": percentile(e2e, 50), "e2e_p99_s": percentile(e2e, 99),
+            "responses_mean": (sum(responses) / len(responses)) if responses else None,
+        })
+    return out
+
+
+def run_perf_analyzer(url: str, model: str, out_dir: Path, mix: str = "chat", samples: int = 32,
+                      seed: int = 0, concurrency: str | None = "1", request_rate: str | None = None,
+                      measurement_interval_ms: int = 10000, stability_pct: float = 30.0,
+                      max_trials: int = 5, timeout_s: float = 900.0,
+                      extra: list[str] | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """Write inputs, run perf_analyzer, summarize its export; returns (exit code, summary)."""
+    if not PA_BIN.exists():
+        raise FileNotFoundError(f"{PA_BIN} is missing; run build_scripts/setup.sh")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    inputs = write_inputs(out_dir / "inputs.json", model, mix, samples, seed)
+    cmd = perf_analyzer_command(url, model, inputs, out_dir, concurrency, request_rate,
+                                measurement_interval_ms, stability_pct, max_trials, extra=extra)
+    (out_dir / "command.txt").write_text(" ".join(cmd) + "\n")
+    with open(out_dir / "perf_analyzer.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=str(ROOT), env=perf_analyzer_env(), stdout=log,
+                              stderr=subprocess.STDOUT, timeout=timeout_s)
+    summary: list[dict[str, Any]] = []
+    export = out_dir / "profile_export.json"
+    if export.exists():
+        summary = summarize_export(export)
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return proc.returncode, summary
+
+
+def genai_perf_available() -> bool:
+    """True when genai-perf is importable here (it is not part of this project's environment)."""
+    return importlib.util.find_spec("genai_perf") is not None and shutil.which("genai-perf") is not None
+
+
+def genai_perf_command(url: str, model: str = "router_bls", out_dir: Path = RESULTS / "genai-perf",
+                       concurrency: int = 1, input_tokens: int = 128, output_tokens: int = 64,
+                       measurement_interval_ms: int = 10000) -> list[str]:
+    """The genai-perf command for router_bls through its TensorRT-LLM-compatible contract."""
+    return [
+        "genai-perf", "profile", "-m", model, "--service-kind", "triton", "--backend", "tensorrtllm",
+        "--streaming", "-u", url, "--tokenizer", str(DEFAULT_TOKENIZER), "--concurrency", str(concurrency),
+        "--synthetic-input-tokens-mean", str(input_tokens), "--synthetic-input-tokens-stddev", "0",
+        "--output-tokens-mean", str(output_tokens), "--measurement-interval", str(measurement_interval_ms),
+        "--artifact-dir", str(out_dir),
+    ]
+
+
+def run_genai_perf(url: str, out_dir: Path, model: str = "router_bls") -> int:
+    """Run genai-perf if it is importable (with the 2.51 perf_analyzer first on PATH); else explain."""
+    if not genai_perf_available():
+        print("[run_perf_analyzer] genai-perf is not installed in this environment (not in the lock "
+              "files; STACK.md lists 0.0.16 as installable). Not run. Command it would use:\n  "
+              + " ".join(genai_perf_command(url, model, out_dir)), file=sys.stderr)
+        return 3
+    env = perf_analyzer_env()
+    env["PATH"] = f"{PA_BIN.parent}:{env.get('PATH', '')}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(genai_perf_command(url, model, out_dir), cwd=str(ROOT), env=env).returncode
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point."""
+    p = argparse.ArgumentParser(description="perf_analyzer gRPC streaming runs against router_bls or an engine.")
+    p.add_argument("--url", required=True, help="Triton gRPC endpoint, e.g. 127.0.0.1:8001")
+    p.add_argument("--model", default="router_bls", help="router_bls, vllm_backend or trtllm")
+    p.add_argument("--mix", default="chat", choices=sorted(MIXES))
+    p.add_argument("--samples", type=int, default=32, help="distinct requests in the input data")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--concurrency", default="1", help="perf_analyzer --concurrency-range start:end:step")
+    p.add_argument("--request-rate", help="perf_analyzer --request-rate-range start:end:step (instead of concurrency)")
+    p.add_argument("--measurement-interval", type=int, default=10000, help="ms per measurement window")
+    p.add_argument("--stability", type=float, default=30.0, help="perf_analyzer -s (use >= 30 on 2 cores)")
+    p.add_argument("--max-trials", type=int, default=5)
+    p.add_argument("--run", help="results folder name (default: perf-<model>-<timestamp>)")
+    p.add_argument("--genai-perf", action="store_true", help="run genai-perf instead (only if installed)")
+    args, extra = p.parse_known_args(argv)
+    out = RESULTS / (args.run or time.strftime(f"perf-{args.model}-%Y%m%d-%H%M%S"))
+    if args.genai_perf:
+        return run_genai_perf(args.url, out, args.model)
+    try:
+        code, summary = run_perf_analyzer(args.url, args.model, out, args.mix, args.samples, args.seed,
+                                          args.concurrency, args.request_rate, args.measurement_interval,
+                                          args.stability, args.max_trials, extra=extra)
+    except (ValueError, OSError) as exc:
+        print(f"run_perf_analyzer: {exc}", file=sys.stderr)
+        return 2
+    for row in summary:
+        print(f"{row['mode']}={row['value']}: {row['requests']} requests, "
+              f"{row['requests_per_s'] or 0:.2f} req/s, TTFT p50 {_fmt_ms(row['ttft_p50_s'])} ms "
+              f"p99 {_fmt_ms(row['ttft_p99_s'])} ms, e2e p50 {_fmt_ms(row['e2e_p50_s'])} ms "
+              f"p99 {_fmt_ms(row['e2e_p99_s'])} ms")
+    print(f"[run_perf_analyzer] exit code {code}; files in {out}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
