@@ -141,7 +141,7 @@ class TritonServer:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT, env=server_environment(),
-            cwd=str(ROOT), start_new_session=True,
+            cwd=str(ROOT), start_new_session=True, preexec_fn=_die_with_parent,
         )
         log.close()
         return self
@@ -241,6 +241,16 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the launching process dies (no orphaned servers)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def _alive(pid: int) -> bool:

@@ -260,3 +260,14 @@ def summarize(records: Sequence[RequestRecord], wall_s: float | None = None,
         e2e_p50_s=percentile((r.e2e_s for r in ok), 50), e2e_p99_s=percentile((r.e2e_s for r in ok), 99),
         sla_requests=len(sla), sla_met=sum(1 for r in sla if r.sla_met),
     )
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False) -> str:
+    """A fixed-width (or Markdown) table."""
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in rows])

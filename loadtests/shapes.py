@@ -240,6 +240,7 @@ def locust_shape_class(plan: QpsStepShape | ReplaySchedule, name: str = "Planned
     from locust import LoadTestShape  # lazy: importing locust monkey-patches with gevent
 
     def tick(self: Any) -> tuple[int, float] | None:
+        """(users, spawn_rate) from the plan at Locust's run time; None ends the test."""
         current = plan.tick(self.get_run_time())
         self.last_tick = current
         return None if current is None else (current.users, current.spawn_rate)

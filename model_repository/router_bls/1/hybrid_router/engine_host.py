@@ -85,7 +85,7 @@ def use_utf8_locale() -> None:
 def configure_cpu_environment(threads_bind: str, kv_cache_gib: str, cache_root: str) -> None:
     """Set the vLLM CPU environment before the engine starts (values from config.pbtxt)."""
     use_utf8_locale()
-    os.environ["VLLM_TARGET_DEVICE"] = os.environ.get("VLLM_TARGET_DEVICE", "cpu")
+    os.environ["VLLM_TARGET_DEVICE"] = "cpu"
     if threads_bind:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = threads_bind
     if kv_cache_gib:

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import triton_adapter as ta
 from .contracts import InvalidInput
-from .engine_host import EngineHost, EngineStatsSink, configure_cpu_environment
+from .engine_host import EngineHost, EngineStatsSink, configure_cpu_environment, use_utf8_locale
 
 # Engine args that only mean something on GPU; dropped on the CPU platform.
 _GPU_ONLY_ARGS = ("gpu_memory_utilization",)
@@ -47,14 +47,20 @@ class EngineModelBase:
         self.log = ta.Logger(self.log_prefix)
         version_dir = Path(args["model_repository"]) / self.model_version
         engine_args = _load_engine_args(version_dir)
-        if os.environ.get("VLLM_TARGET_DEVICE", "cpu") == "cpu":
+        device = self.params.get("device", "cpu") or "cpu"
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"config.pbtxt parameter 'device' = {device!r}: use 'cpu' or 'cuda'")
+        if device == "cpu":
             for key in _GPU_ONLY_ARGS:
                 engine_args.pop(key, None)
-        configure_cpu_environment(
-            self.params.get("cpu_threads_bind", ""),
-            self.params.get("cpu_kv_cache_gib", ""),
-            self.params.get("cache_root", ""),
-        )
+            configure_cpu_environment(
+                self.params.get("cpu_threads_bind", ""),
+                self.params.get("cpu_kv_cache_gib", ""),
+                self.params.get("cache_root", ""),
+            )
+        else:
+            os.environ["VLLM_TARGET_DEVICE"] = "cuda"
+            use_utf8_locale()
         self.metrics = ta.Metrics()
         self.sink = self.make_sink()
         self.host = EngineHost(engine_args, self.sink)

@@ -118,6 +118,7 @@ class Metrics:
     def __init__(self) -> None:
         self._families: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self.write_errors = 0
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._queue: "queue.SimpleQueue[tuple[Any, str, float] | None]" = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._drain, name="metrics-writer", daemon=True)
@@ -181,8 +182,10 @@ class Metrics:
                 continue
             try:
                 getattr(target, op)(value)
-            except Exception:  # noqa: BLE001 - a metric write must never kill the writer
-                pass
+            except Exception as exc:  # noqa: BLE001 - a metric write must never kill the writer
+                self.write_errors += 1
+                if self.write_errors == 1:
+                    Logger("[metrics]").error(f"metric {op}({value!r}) failed: {exc!r}")
 
     def close(self) -> None:
         """Stop the writer thread and release every metric while the stub is alive.

@@ -1,0 +1,54 @@
+"""Lowering the KV watermark parameter moves interactive traffic off a loaded vLLM engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from client.packing import GenerationRequest, router_tensors, vllm_tensors
+from client.stream import stream_grpc
+from tests.server_fixture import metric_value, running_server, scrape
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server():
+    overrides = {"router_kv_watermark": "0.001", "router_fallback_target": "trtllm",
+                 "router_metrics_poll_ms": "200"}
+    with running_server("router_kv", overrides=overrides) as s:
+        yield s
+
+
+def short(server):
+    req = GenerationRequest("hello there, general", max_tokens=4, temperature=0.0, latency_sla_ms=50.0)
+    return stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=60)
+
+
+def test_kv_pressure_on_vllm_moves_interactive_requests(server):
+    assert short(server).backend == "vllm_backend"  # idle: KV usage 0 < watermark
+    # Load vLLM directly (not via the router) with long prompts so its KV usage rises.
+    load = GenerationRequest("lorem ipsum dolor sit amet " * 250, max_tokens=600, temperature=0.0)
+    threads = [threading.Thread(target=stream_grpc, args=(server.grpc_url, "vllm_backend", vllm_tensors(load)),
+                                kwargs={"timeout_s": 120}) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 30
+        usage = 0.0
+        while time.monotonic() < deadline:
+            usage = metric_value(scrape(server), "vllm:kv_cache_usage_perc", model="vllm_backend")
+            if usage > 0.001:
+                break
+            time.sleep(0.2)
+        assert usage > 0.001, "vLLM KV usage never rose"
+        time.sleep(0.6)  # the router polls every 200 ms
+        moved = short(server)
+        assert moved.ok and moved.backend == "trtllm"
+        text = scrape(server)
+        assert metric_value(text, "router_kv_cache_usage", engine="vllm_backend") > 0.001
+    finally:
+        for t in threads:
+            t.join()
