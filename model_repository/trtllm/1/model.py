@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from hybrid_router import triton_adapter as ta  # noqa: E402
-from hybrid_router.contracts import TRTLLM_INPUTS, InvalidInput, decode_stop_words_list  # noqa: E402
+from hybrid_router.contracts import TRTLLM_INPUTS, CancelCheck, InvalidInput, decode_stop_words_list  # noqa: E402
 from hybrid_router.engine_metrics import TrtllmMetricsSink  # noqa: E402
 from hybrid_router.engine_model import EngineModelBase  # noqa: E402
 from hybrid_router.sampling import validate_sampling  # noqa: E402
@@ -127,11 +127,12 @@ class TritonPythonModel(EngineModelBase):
         first_token = 0
         generated: list[int] = []
         self.sink.request_started()
+        cancelled = CancelCheck(lambda: ta.is_cancelled(sender))
         final_sent = False
         try:
             async for out in self.host.generate({"prompt_token_ids": job.input_ids}, params,
                                                 request_id, 0):
-                if ta.is_cancelled(sender):
+                if cancelled():
                     await self.abort(request_id)
                     self.sink.request_cancelled()
                     ta.send_error(sender, f"{self.model_name}: request cancelled", "CANCELLED")

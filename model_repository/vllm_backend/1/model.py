@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from hybrid_router import triton_adapter as ta  # noqa: E402
-from hybrid_router.contracts import VLLM_INPUTS, InvalidInput  # noqa: E402
+from hybrid_router.contracts import VLLM_INPUTS, CancelCheck, InvalidInput  # noqa: E402
 from hybrid_router.engine_metrics import VllmMetricsSink  # noqa: E402
 from hybrid_router.engine_model import EngineModelBase  # noqa: E402
 from hybrid_router.sampling import sampling_kwargs_from_json  # noqa: E402
@@ -81,6 +81,7 @@ class TritonPythonModel(EngineModelBase):
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"input 'sampling_parameters' is invalid: {exc}") from None
         self.sink.request_started()
+        cancelled = CancelCheck(lambda: ta.is_cancelled(sender))
         t0 = time.monotonic()
         pieces: list[str] = []
         n_out = 0
@@ -89,7 +90,7 @@ class TritonPythonModel(EngineModelBase):
         final_sent = False
         try:
             async for out in self.host.generate(job.prompt, params, request_id, job.priority):
-                if ta.is_cancelled(sender):
+                if cancelled():
                     await self.abort(request_id)
                     self.sink.request_cancelled()
                     ta.send_error(sender, f"{self.model_name}: request cancelled", "CANCELLED")

@@ -8,10 +8,29 @@ presence checks (and their error messages) are the same everywhere.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+
+class CancelCheck:
+    """Rate-limits cancellation checks: each one is an IPC round trip to tritonserver,
+    and checking on every streamed token cost ~20% of throughput at 16-64 streams."""
+
+    def __init__(self, check: "Callable[[], bool]", interval_s: float = 0.05) -> None:
+        self._check = check
+        self._interval = interval_s
+        self._next = 0.0
+
+    def __call__(self) -> bool:
+        """True when the client has cancelled (checked at most every interval)."""
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self._interval
+        return self._check()
 
 
 class InvalidInput(ValueError):

@@ -19,6 +19,7 @@ import numpy as np
 from . import prom
 from .breaker import BreakerState, CircuitBreaker
 from .config import RouterConfig
+from .contracts import CancelCheck
 from .detok import IncrementalDetokenizer
 from .dispatch import Dispatcher, Ticket
 from .latency import LatencyWindow
@@ -259,9 +260,10 @@ class RouterService:
         n_out = 0
         first = None
         stopped = False
+        cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender))
         try:
             for out in self.transport.stream(model, inputs, request_id, outputs):
-                if self.transport.is_cancelled(p.sender):
+                if cancelled():
                     self._stop_engine(engine, model, request_id)
                     self.metrics.cancelled(engine)
                     self.transport.send(p.sender, None, final=True)
