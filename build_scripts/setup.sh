@@ -78,4 +78,27 @@ fi
 
 # 4. The CPU profile's generated model (seeded; skipped when present with the same spec).
 "$VENV/bin/python" -m build_scripts.make_tiny_model --out "$ROOT/models/tiny-llama"
+
+# 5. Optional: Prometheus and promtool (Debian's package) for deploy/'s checks and the
+#    real-Prometheus test, which skip without them. Installed when missing and we are
+#    root with apt-get (or asked for with HYBRID_WITH_PROMETHEUS=1; =0 never installs).
+#    Never fails setup. On a systemd host the package also enables prometheus.service.
+WITH_PROM="${HYBRID_WITH_PROMETHEUS:-auto}"
+APT_LOG="$ROOT/.cache/apt-prometheus.log"
+if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
+    say "prometheus present: $(prometheus --version 2>&1 | head -1)"
+elif [ "$WITH_PROM" = "0" ]; then
+    say "prometheus not installed (HYBRID_WITH_PROMETHEUS=0): its tests will skip"
+elif [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    mkdir -p "$ROOT/.cache"
+    apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus; }
+    if { apt_install || { apt-get update -q && apt_install; }; } >"$APT_LOG" 2>&1 \
+            && command -v promtool >/dev/null 2>&1; then
+        say "installed prometheus: $(prometheus --version 2>&1 | head -1)"
+    else
+        say "could not install prometheus (see $APT_LOG): its tests will skip"
+    fi
+else
+    say "prometheus not installed (needs root and apt-get, or install Debian's 'prometheus' yourself): its tests will skip"
+fi
 say "ready"

@@ -71,6 +71,8 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> None:
         """Validate each request and queue it; responses are sent by the service."""
+        self.writer.serving()
+        self.service.serving()
         for request in requests:
             sender = request.get_response_sender()
             try:

@@ -111,6 +111,7 @@ class TritonPythonModel(EngineModelBase):
 
         if job.stop:
             await self.abort(request_id)
+            self.sink.request_cancelled()
             ta.send(sender, None)
             return
         stop_token_ids = [w[0] for w in job.stop_words if len(w) == 1]

@@ -74,6 +74,7 @@ class TritonPythonModel(EngineModelBase):
 
         if job.stop:
             await self.abort(request_id)
+            self.sink.request_cancelled()
             ta.send(sender, None)
             return
         try:

@@ -82,6 +82,7 @@ class EngineModelBase:
 
     def execute(self, requests: list[Any]) -> None:
         """Hand every request to the engine loop; responses go through each sender."""
+        self.metrics.serving()
         for request in requests:
             sender = request.get_response_sender()
             if self.host.errored:

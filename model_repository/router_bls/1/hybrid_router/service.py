@@ -108,6 +108,7 @@ class RouterService:
         self.pool = ThreadPoolExecutor(max_workers=cfg.trtllm_capacity + cfg.vllm_capacity + 8,
                                        thread_name_prefix="router-stream")
         self._stop = threading.Event()
+        self._serving = threading.Event()
         self._poller: threading.Thread | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -118,9 +119,18 @@ class RouterService:
             self._poller = threading.Thread(target=self._poll_loop, name="router-poller", daemon=True)
             self._poller.start()
 
+    def serving(self) -> None:
+        """The model has started serving: background polling may begin.
+
+        Nothing talks to Triton from a background thread before the first request;
+        IPC from another thread while ``initialize`` returns can hang the 2.51 stub.
+        """
+        self._serving.set()
+
     def stop(self) -> None:
         """Stop background threads; in-flight streams finish on their own."""
         self._stop.set()
+        self._serving.set()
         self.dispatcher.stop()
         self.pool.shutdown(wait=False, cancel_futures=False)
         if self._poller is not None:
@@ -156,6 +166,7 @@ class RouterService:
 
         period = self.cfg.metrics_poll_ms / 1000.0
         failures = 0
+        self._serving.wait()
         while not self._stop.wait(period):
             try:
                 with urllib.request.urlopen(self.cfg.metrics_url, timeout=2) as resp:

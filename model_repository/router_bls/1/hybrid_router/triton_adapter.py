@@ -121,8 +121,17 @@ class Metrics:
         self.write_errors = 0
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._queue: "queue.SimpleQueue[tuple[Any, str, float] | None]" = queue.SimpleQueue()
+        # Writes wait until the model serves its first request: a metric IPC from this
+        # thread while initialize() is returning hung the 2.51 stub once (model never
+        # became ready). Updates queued before that are applied then.
+        self._serving = threading.Event()
         self._thread = threading.Thread(target=self._drain, name="metrics-writer", daemon=True)
         self._thread.start()
+
+    def serving(self) -> None:
+        """Allow metric writes (call from execute)."""
+        if not self._serving.is_set():
+            self._serving.set()
 
     def family(self, name: str, description: str, kind: str) -> None:
         """Declare a metric family (counter, gauge or histogram)."""
@@ -172,6 +181,7 @@ class Metrics:
         done.wait(timeout_s)
 
     def _drain(self) -> None:
+        self._serving.wait()
         while True:
             item = self._queue.get()
             if item is None:
@@ -194,6 +204,7 @@ class Metrics:
         ``Metric::Clear``), so they are dropped here, in ``finalize``.
         """
         self._queue.put(None)
+        self._serving.set()
         self._thread.join(timeout=5)
         self._metrics.clear()
         self._families.clear()

@@ -1,0 +1,64 @@
+"""Overload and cancellation under load: a burst beyond the router queue gets fast
+UNAVAILABLE answers and the server stays ready; cancelled router streams stop the engine."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+
+import pytest
+
+from client.packing import GenerationRequest, router_tensors
+from client.stream import stream_grpc
+from tests.server_fixture import metric_value, running_server, scrape
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server():
+    # Small capacities so that a burst saturates both engines and the router queue.
+    overrides = {"vllm_max_num_seqs": "2", "trtllm_max_batch_size": "2", "router_max_queue": "3"}
+    with running_server("overload", overrides=overrides) as s:
+        yield s
+
+
+def long_request(server, i: int, **kw):
+    req = GenerationRequest(f"burst {i}: tell me everything", max_tokens=300, temperature=0.0, **kw)
+    return stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=300)
+
+
+def test_burst_beyond_the_queue_gets_fast_unavailable(server):
+    with cf.ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(lambda i: long_request(server, i), range(20)))
+    rejected = [r for r in results if r.error_code == "UNAVAILABLE"]
+    served = [r for r in results if r.ok]
+    assert len(served) + len(rejected) == 20, [r.error for r in results if not r.ok and r not in rejected]
+    assert len(served) >= 4 + 3 - 1 and len(rejected) >= 20 - 4 - 3 - 2
+    assert all("queue is full" in r.error for r in rejected)
+    assert max(r.e2e_s for r in rejected) < 2.0, "rejections must be immediate"
+    assert server.is_ready()
+    assert metric_value(scrape(server), "router_rejected_total", reason="queue_full") == len(rejected)
+    assert stream_grpc(server.grpc_url, "router_bls",
+                       router_tensors(GenerationRequest("still alive?", max_tokens=4)), timeout_s=60).ok
+
+
+def test_cancelled_router_streams_stop_the_engine(server):
+    lab = {"model": "vllm_backend"}
+    aborted0 = metric_value(scrape(server), "vllm:request_aborted_total", **lab)
+    req = GenerationRequest("cancel me please", max_tokens=800, temperature=0.0, latency_sla_ms=50.0)
+    with cf.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: stream_grpc(server.grpc_url, "router_bls", router_tensors(req),
+                                                      cancel_after_chunks=3, timeout_s=120), range(2)))
+    assert all(r.cancelled for r in results)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = scrape(server)
+        if metric_value(text, "vllm:request_aborted_total", **lab) >= aborted0 + 2 and \
+                metric_value(text, "vllm:num_requests_running", **lab) == 0:
+            break
+        time.sleep(0.5)
+    text = scrape(server)
+    assert metric_value(text, "vllm:request_aborted_total", **lab) >= aborted0 + 2
+    assert metric_value(text, "vllm:num_requests_running", **lab) == 0
+    assert metric_value(text, "router_cancelled_total", engine="vllm_backend") >= 2
