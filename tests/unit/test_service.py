@@ -1,0 +1,158 @@
+"""RouterService with a fake transport: admission, queue bound, failover, stop words, cancel."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hybrid_router.config import RouterConfig
+from hybrid_router.requests import RouterJob
+from hybrid_router.service import EngineError, RouterService
+
+
+class FakeTokenizer:
+    eos_token_id = 2
+
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+        return "".join(chr(97 + (i % 26)) for i in ids)
+
+
+class FakeTransport:
+    def __init__(self, fail=(), gate=None, pieces=("ab", "cd", "ef")):
+        self.fail = set(fail)
+        self.gate = gate
+        self.pieces = pieces
+        self.sent = {}
+        self.errors = {}
+        self.stops = []
+        self.cancelled = set()
+        self.lock = threading.Lock()
+
+    def stream(self, model, inputs, request_id, outputs):
+        if "stop" in inputs:
+            self.stops.append((model, request_id))
+            return iter(())
+        return self._gen(model, inputs)
+
+    def _gen(self, model, inputs):
+        if self.gate is not None:
+            self.gate.wait(10)
+        if model in self.fail:
+            raise EngineError(f"{model} is down", "UNAVAILABLE")
+        for piece in self.pieces:
+            if model == "trtllm":
+                yield {"output_ids": np.array([[[ord(c) - 97 for c in piece]]], dtype=np.int32)}
+            else:
+                yield {"text_output": np.array([piece.encode()], dtype=object),
+                       "num_output_tokens": np.array([len(piece)], dtype=np.uint32)}
+
+    def send(self, sender, outputs, final):
+        with self.lock:
+            entry = self.sent.setdefault(sender, {"text": "", "final": False, "backend": None})
+            if outputs is not None:
+                entry["text"] += outputs["text_output"].reshape(-1)[0].decode()
+                entry["backend"] = outputs["backend"].reshape(-1)[0].decode()
+            entry["final"] = entry["final"] or final
+
+    def send_error(self, sender, message, code):
+        with self.lock:
+            self.errors[sender] = (code, message)
+
+    def is_cancelled(self, sender):
+        return sender in self.cancelled
+
+
+def job(tokens=10, sla=50.0, **kw):
+    return RouterJob(prompt="p" * tokens, prompt_ids=list(range(tokens)), max_tokens=8, stream=True,
+                     priority=3, latency_sla_ms=sla, **kw)
+
+
+def service(transport, **cfg):
+    svc = RouterService(RouterConfig(metrics_poll_ms=0, server_http_url="", **cfg), transport, FakeTokenizer())
+    svc.start(poll=False)
+    return svc
+
+
+def wait_done(transport, senders, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with transport.lock:
+            if all((s in transport.errors) or transport.sent.get(s, {}).get("final") for s in senders):
+                return
+        time.sleep(0.01)
+    raise AssertionError("requests did not finish")
+
+
+def test_stream_through_each_engine():
+    t = FakeTransport()
+    svc = service(t)
+    try:
+        assert svc.admit(job(10, 50.0), "a") and svc.admit(job(3000, None), "b")
+        wait_done(t, ["a", "b"])
+        assert t.sent["a"]["backend"] == "vllm_backend" and t.sent["a"]["text"] == "abcdef"
+        assert t.sent["b"]["backend"] == "trtllm" and t.sent["b"]["text"] == "abcdef"
+    finally:
+        svc.stop()
+
+
+def test_queue_bound_rejects_when_capacity_and_queue_are_full():
+    gate = threading.Event()
+    t = FakeTransport(gate=gate)
+    svc = service(t, vllm_capacity=2, trtllm_capacity=2, max_queue=3, fallback_target="vllm_backend")
+    try:
+        admitted = [svc.admit(job(10, 50.0), f"s{i}") for i in range(10)]
+        assert admitted == [True] * 5 + [False] * 5 or sum(admitted) <= 2 + 3 + 1, admitted
+        assert sum(admitted) >= 3
+        gate.set()
+        wait_done(t, [f"s{i}" for i, ok in enumerate(admitted) if ok])
+    finally:
+        svc.stop()
+
+
+def test_failover_before_first_token_is_invisible():
+    t = FakeTransport(fail={"vllm_backend"})
+    svc = service(t)
+    try:
+        svc.admit(job(10, 50.0), "x")
+        wait_done(t, ["x"])
+        assert "x" not in t.errors and t.sent["x"]["backend"] == "trtllm"
+    finally:
+        svc.stop()
+
+
+def test_both_engines_down_is_unavailable():
+    t = FakeTransport(fail={"vllm_backend", "trtllm"})
+    svc = service(t)
+    try:
+        svc.admit(job(10, 50.0), "x")
+        wait_done(t, ["x"])
+        assert t.errors["x"][0] == "UNAVAILABLE"
+    finally:
+        svc.stop()
+
+
+def test_stop_words_cut_the_text_and_stop_the_engine():
+    t = FakeTransport(pieces=("hello ", "wor", "ld STOP", " more"))
+    svc = service(t)
+    try:
+        svc.admit(job(10, 50.0, stop_words=["STOP"]), "x")
+        wait_done(t, ["x"])
+        assert t.sent["x"]["text"] == "hello world "
+        assert t.stops and t.stops[0][0] == "vllm_backend"
+    finally:
+        svc.stop()
+
+
+def test_cancel_stops_the_engine_request():
+    t = FakeTransport(pieces=("a",) * 50)
+    t.cancelled.add("x")
+    svc = service(t)
+    try:
+        svc.admit(job(10, 50.0), "x")
+        wait_done(t, ["x"])
+        assert t.stops == [("vllm_backend", t.stops[0][1])] and t.sent["x"]["text"] == ""
+    finally:
+        svc.stop()
