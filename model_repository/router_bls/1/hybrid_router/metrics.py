@@ -32,6 +32,8 @@ FAMILIES = (
     ("router_engine_weight", "Engine weight (0 unhealthy .. 100).", "gauge"),
     ("router_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.", "gauge"),
     ("router_kv_cache_usage", "KV-cache block usage of the engine (0..1), from Triton's metrics.", "gauge"),
+    ("router_gpu_memory_used_bytes", "GPU memory used per device (NVML; absent without a GPU).", "gauge"),
+    ("router_gpu_memory_total_bytes", "GPU memory per device (NVML; absent without a GPU).", "gauge"),
 )
 
 
@@ -96,6 +98,12 @@ class RouterMetrics:
         self.w.set(self._m("router_breaker_state", labels), breaker)
         self.w.set(self._m("router_kv_cache_usage", labels), kv_usage)
         self.w.set(self._m("router_in_flight", labels), in_flight)
+
+    def gpu_memory(self, device: int, used: float, total: float) -> None:
+        """GPU memory residency of one device (secondary signal; routing uses KV usage)."""
+        labels = {"gpu": str(device)}
+        self.w.set(self._m("router_gpu_memory_used_bytes", labels), used)
+        self.w.set(self._m("router_gpu_memory_total_bytes", labels), total)
 
     def queue_depth(self, by_class: Mapping[int, int]) -> None:
         """Queue depth per priority class."""

@@ -109,6 +109,7 @@ class RouterService:
                                        thread_name_prefix="router-stream")
         self._stop = threading.Event()
         self._serving = threading.Event()
+        self._nvml: Any = None  # None: not tried yet; False: unavailable
         self._poller: threading.Thread | None = None
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -199,7 +200,26 @@ class RouterService:
         except OSError:
             return self.engines[VLLM if model == self.cfg.vllm_model else TRTLLM].ready
 
+    def _gpu_memory(self) -> None:
+        """Export GPU memory per device through NVML, if a GPU exists (one log line if not)."""
+        if self._nvml is False:
+            return
+        try:
+            if self._nvml is None:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+            nv = self._nvml
+            for i in range(nv.nvmlDeviceGetCount()):
+                info = nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByIndex(i))
+                self.metrics.gpu_memory(i, float(info.used), float(info.total))
+        except Exception as exc:  # noqa: BLE001 - no GPU / no driver: report once, carry on
+            self._nvml = False
+            self.log(f"GPU memory metrics disabled: no NVIDIA GPU visible through NVML ({exc.__class__.__name__})")
+
     def _export_gauges(self) -> None:
+        self._gpu_memory()
         stats = self.engine_stats()
         for e, st in stats.items():
             self.metrics.engine_gauges(e, weight=engine_weight(st, self.cfg),

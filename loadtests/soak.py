@@ -1,0 +1,110 @@
+"""Bounded soak: mixed traffic through router_bls with periodic real engine faults.
+
+Starts its own server (explicit model control), sends a steady mix of short interactive
+and long requests from worker threads for ``--duration-s`` (default 600), and every
+``--fault-every-s`` unloads and reloads ``vllm_backend`` (or SIGKILLs its engine core with
+``--fault kill``). Prints requests sent / completed / failed-over / errored and server RSS
+at start and end. Not part of CI: ``python -m loadtests.soak --duration-s 600``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from client.packing import GenerationRequest, router_tensors
+from client.stream import stream_grpc
+from tests.server_fixture import metric_value, running_server, scrape
+
+
+def _control(http: str, model: str, action: str) -> None:
+    req = urllib.request.Request(f"http://{http}/v2/repository/models/{model}/{action}", data=b"{}", method="POST")
+    urllib.request.urlopen(req, timeout=600).close()
+
+
+def _kill_engine_core(server, model: str = "vllm_backend") -> int:
+    """SIGKILL the VLLM::EngineCore processes of one engine model; return how many."""
+    stubs = set()
+    for pid in server.descendants():
+        try:
+            if f"/{model}/1/model.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                stubs.add(pid)
+        except OSError:
+            continue
+    n = 0
+    for pid in server.descendants():
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid in stubs and "EngineCor" in Path(f"/proc/{pid}/comm").read_text():
+                os.kill(pid, signal.SIGKILL)
+                n += 1
+        except (OSError, ValueError):
+            continue
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the soak and print its figures."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--duration-s", type=float, default=600.0)
+    p.add_argument("--fault-every-s", type=float, default=120.0)
+    p.add_argument("--fault", choices=("unload", "kill"), default="unload")
+    p.add_argument("--workers", type=int, default=6)
+    a = p.parse_args(argv)
+    models = ["router_bls", "vllm_backend", "trtllm"]
+    counts = {"sent": 0, "completed": 0, "errored": 0}
+    lock = threading.Lock()
+    with running_server("soak", model_control="explicit", load_models=models) as s:
+        rss0 = s.rss_bytes()
+        stop = time.monotonic() + a.duration_s
+
+        def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            while time.monotonic() < stop:
+                long = rng.random() < 0.2
+                prompt = ("long context " * 700) if long else f"short question {rng.random()}"
+                req = GenerationRequest(prompt, max_tokens=rng.choice([16, 64]), temperature=0.0,
+                                        priority=rng.choice([1, 2, 3]), latency_sla_ms=None if long else 100.0)
+                r = stream_grpc(s.grpc_url, "router_bls", router_tensors(req), priority=req.priority, timeout_s=300)
+                with lock:
+                    counts["sent"] += 1
+                    counts["completed" if r.ok else "errored"] += 1
+
+        threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(a.workers)]
+        for t in threads:
+            t.start()
+        next_fault = time.monotonic() + a.fault_every_s
+        faults = 0
+        while time.monotonic() < stop:
+            time.sleep(1.0)
+            if time.monotonic() >= next_fault:
+                faults += 1
+                if a.fault == "kill":
+                    _kill_engine_core(s)
+                    time.sleep(5)
+                    _control(s.http_url, "vllm_backend", "unload")
+                else:
+                    _control(s.http_url, "vllm_backend", "unload")
+                _control(s.http_url, "vllm_backend", "load")
+                next_fault = time.monotonic() + a.fault_every_s
+        for t in threads:
+            t.join(timeout=330)
+        text = scrape(s)
+        rss1 = s.rss_bytes()
+    failovers = metric_value(text, "router_failovers_total")
+    print(f"duration {a.duration_s:.0f} s, faults ({a.fault}) {faults}")
+    print(f"requests sent {counts['sent']}, completed {counts['completed']}, failed over {int(failovers)}, "
+          f"errored {counts['errored']}")
+    print(f"server RSS start {rss0 / 2**30:.2f} GiB, end {rss1 / 2**30:.2f} GiB")
+    return 0 if counts["errored"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The client CLI, a 20-second headless Locust run and a short perf_analyzer streaming
+measurement, all against one real server."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from build_scripts.triton_server import ROOT
+from tests.server_fixture import running_server
+
+pytestmark = pytest.mark.integration
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server("tools") as s:
+        yield s
+
+
+def run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_streams_text_and_prints_json(server):
+    p = run(["-m", "client", "--url", server.grpc_url, "--max-tokens", "12", "--sla-ms", "100",
+             "--temperature", "0", "Hello, Triton"], 120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() and "[vllm_backend]" in p.stderr and "ttft" in p.stderr
+    j = run(["-m", "client", "--url", server.grpc_url, "--max-tokens", "6", "--json", "--priority", "urgent", "Hi"], 120)
+    data = json.loads(j.stdout)
+    assert data["error"] is None and data["num_output_tokens"] <= 6 and data["ttft_s"] > 0
+    h = run(["-m", "client", "--protocol", "http", "--http-url", server.http_url, "--max-tokens", "5", "--json", "Hi"], 120)
+    assert json.loads(h.stdout)["error"] is None
+    bad = run(["-m", "client", "--url", server.grpc_url, "--max-tokens", "0", "Hi"], 60)
+    assert bad.returncode == 1 and "INVALID_ARG" in bad.stderr
+
+
+def test_headless_locust_run_has_no_failures(server):
+    p = run(["-m", "loadtests.run_locust", "--host", server.grpc_url, "--qps-steps", "1,2",
+             "--step-s", "10", "--run", "ci-locust"], 240)
+    out = ROOT / "loadtests" / "results" / "ci-locust"
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rows = list(csv.DictReader(open(out / "locust_stats.csv")))
+    total = [r for r in rows if r["Name"] == "Aggregated"]
+    assert total and int(total[0]["Request Count"]) > 0 and int(total[0]["Failure Count"]) == 0
+    assert (out / "report.html").exists()
+
+
+def test_perf_analyzer_streaming_measurement(server):
+    p = run(["-m", "loadtests.run_perf_analyzer", "--url", server.grpc_url, "--model", "router_bls",
+             "--concurrency", "1", "--measurement-interval", "4000", "--stability", "50",
+             "--max-trials", "3", "--run", "ci-perf"], 300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "Throughput" in p.stdout or "throughput" in p.stdout.lower()
