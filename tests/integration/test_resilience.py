@@ -1,16 +1,12 @@
-"""Real faults: unload an engine through Triton's model-control API, SIGKILL a vLLM engine
-process, overload the router queue. Requests that had not received a token complete on
-the other engine; the breaker opens and, after recovery, closes."""
+"""Real fault: unload an engine through Triton's model-control API during load. Requests
+that had not received a token complete on the other engine; after a reload the engine
+serves again."""
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
-import os
-import signal
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -90,54 +86,3 @@ def test_unloading_vllm_during_load_loses_no_request(server):
     wait_for(lambda: ready(server, "vllm_backend"), 300, "vllm_backend reloaded")
     time.sleep(0.5)
     assert short(server).backend == "vllm_backend"
-
-
-def _engine_core_pids(server, model: str) -> list[int]:
-    """VLLM::EngineCore processes below the stub that serves ``model``."""
-    pids = []
-    for pid in server.descendants():
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if f"/{model}/1/model.py" in cmd and "triton_python_backend_stub" in cmd:
-            stub = pid
-            for child in server.descendants():
-                try:
-                    status = Path(f"/proc/{child}/status").read_text()
-                    name = Path(f"/proc/{child}/comm").read_text().strip()
-                except OSError:
-                    continue
-                ppid = int([l for l in status.splitlines() if l.startswith("PPid:")][0].split()[1])
-                if ppid == stub and "EngineCor" in name:
-                    pids.append(child)
-    return pids
-
-
-def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
-    cores = _engine_core_pids(server, "vllm_backend")
-    assert cores, "no VLLM::EngineCore found under the vllm_backend stub"
-    for pid in cores:
-        os.kill(pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    for i in range(14):
-        req = GenerationRequest(f"after the kill {i}", max_tokens=8, temperature=0.0, latency_sla_ms=50.0)
-        r = stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=30)
-        assert r.ok and r.backend == "trtllm", (i, r.error)
-    assert time.monotonic() - t0 < 60, "requests hung on the dead engine"
-    wait_for(lambda: breaker(server, "vllm_backend") == 2, 5, "the vllm_backend breaker to open")
-    # The dead engine answers UNAVAILABLE quickly, never hangs.
-    from client.packing import vllm_tensors
-    direct = stream_grpc(server.grpc_url, "vllm_backend", vllm_tensors(GenerationRequest("x", max_tokens=2)), timeout_s=30)
-    assert direct.error_code == "UNAVAILABLE", direct.error
-    # Recovery: reload the model; after the breaker's recovery window a trial closes it.
-    control(server, "vllm_backend", "unload")
-    control(server, "vllm_backend", "load")
-    wait_for(lambda: ready(server, "vllm_backend"), 300, "vllm_backend reloaded")
-    time.sleep(8.5)  # burst recovery window (4 s) / ratio window (8 s)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and breaker(server, "vllm_backend") != 0:
-        short(server, 300)
-        time.sleep(0.5)
-    assert breaker(server, "vllm_backend") == 0
-    assert short(server, 301).backend == "vllm_backend"
