@@ -153,6 +153,7 @@ def stream_grpc(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 result.error, result.error_code = f"no final response within {timeout_s:.0f} s", "TIMEOUT"
+                result.cancelled = True  # close the stream with cancellation: never wait on a stuck server
                 break
             try:
                 res, err = responses.get(timeout=remaining)

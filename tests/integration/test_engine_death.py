@@ -86,6 +86,8 @@ def _engine_core_pids(server, model: str) -> list[int]:
 
 
 def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
+    # Serve first, as in production: the engines die after they have been working.
+    assert short(server, 199).backend == "vllm_backend"
     cores = _engine_core_pids(server, "vllm_backend")
     assert cores, "no VLLM::EngineCore found under the vllm_backend stub"
     for pid in cores:
