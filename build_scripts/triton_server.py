@@ -206,6 +206,42 @@ class TritonServer:
                 continue
         return total
 
+    def control_model(self, model: str, action: str, timeout_s: float = 600.0) -> None:
+        """POST /v2/repository/models/<model>/<load|unload> (explicit model-control mode)."""
+        req = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{model}/{action}",
+                                     data=b"{}", method="POST")
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{action} {model}: HTTP {resp.status}")
+
+    def model_ready(self, model: str) -> bool:
+        """True when /v2/models/<model>/ready answers 200."""
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def engine_core_pids(self, model: str) -> list[int]:
+        """PIDs of the VLLM::EngineCore processes started by the stub that serves ``model``."""
+        below = self.descendants()
+        stubs = set()
+        for pid in below:
+            try:
+                if f"/{model}/1/model.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    stubs.add(pid)
+            except OSError:
+                continue
+        cores = []
+        for pid in below:
+            try:
+                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid in stubs and "EngineCor" in Path(f"/proc/{pid}/comm").read_text():
+                    cores.append(pid)
+            except (OSError, ValueError, IndexError):
+                continue
+        return cores
+
     def shm_regions(self) -> list[Path]:
         """This server's Python-backend shared-memory regions."""
         return sorted(SHM.glob(f"{self.shm_prefix}*"))

@@ -16,38 +16,10 @@ import signal
 import sys
 import threading
 import time
-import urllib.request
-from pathlib import Path
 
 from client.packing import GenerationRequest, router_tensors
 from client.stream import stream_grpc
 from tests.server_fixture import metric_value, running_server, scrape
-
-
-def _control(http: str, model: str, action: str) -> None:
-    req = urllib.request.Request(f"http://{http}/v2/repository/models/{model}/{action}", data=b"{}", method="POST")
-    urllib.request.urlopen(req, timeout=600).close()
-
-
-def _kill_engine_core(server, model: str = "vllm_backend") -> int:
-    """SIGKILL the VLLM::EngineCore processes of one engine model; return how many."""
-    stubs = set()
-    for pid in server.descendants():
-        try:
-            if f"/{model}/1/model.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                stubs.add(pid)
-        except OSError:
-            continue
-    n = 0
-    for pid in server.descendants():
-        try:
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid in stubs and "EngineCor" in Path(f"/proc/{pid}/comm").read_text():
-                os.kill(pid, signal.SIGKILL)
-                n += 1
-        except (OSError, ValueError):
-            continue
-    return n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,12 +59,13 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() >= next_fault:
                 faults += 1
                 if a.fault == "kill":
-                    _kill_engine_core(s)
+                    for pid in s.engine_core_pids("vllm_backend"):
+                        os.kill(pid, signal.SIGKILL)
                     time.sleep(5)
-                    _control(s.http_url, "vllm_backend", "unload")
+                    s.control_model("vllm_backend", "unload")
                 else:
-                    _control(s.http_url, "vllm_backend", "unload")
-                _control(s.http_url, "vllm_backend", "load")
+                    s.control_model("vllm_backend", "unload")
+                s.control_model("vllm_backend", "load")
                 next_fault = time.monotonic() + a.fault_every_s
         for t in threads:
             t.join(timeout=330)

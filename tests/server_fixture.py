@@ -6,8 +6,7 @@ import re
 import time
 import urllib.request
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from build_scripts.render import render
 from build_scripts.triton_server import ROOT, TritonServer, free_ports
@@ -58,3 +57,13 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if all(got.get(k) == v for k, v in labels.items()):
             total += float(m.group(3))
     return total
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 0.2 s; fail the test naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")

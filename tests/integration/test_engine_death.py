@@ -8,14 +8,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from client.packing import GenerationRequest, router_tensors
 from client.stream import stream_grpc
-from tests.server_fixture import metric_value, running_server, scrape
+from tests.server_fixture import metric_value, running_server, scrape, wait_for
 
 pytestmark = pytest.mark.integration
 MODELS = ["router_bls", "vllm_backend", "trtllm"]
@@ -35,60 +33,14 @@ def short(server, i: int = 0, max_tokens: int = 24):
     return stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=120)
 
 
-def control(server, model: str, action: str) -> None:
-    req = urllib.request.Request(f"http://{server.http_url}/v2/repository/models/{model}/{action}",
-                                 data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        assert resp.status == 200
-
-
-def ready(server, model: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def breaker(server, engine: str) -> float:
     return metric_value(scrape(server), "router_breaker_state", engine=engine)
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _engine_core_pids(server, model: str) -> list[int]:
-    """VLLM::EngineCore processes below the stub that serves ``model``."""
-    pids = []
-    for pid in server.descendants():
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if f"/{model}/1/model.py" in cmd and "triton_python_backend_stub" in cmd:
-            stub = pid
-            for child in server.descendants():
-                try:
-                    status = Path(f"/proc/{child}/status").read_text()
-                    name = Path(f"/proc/{child}/comm").read_text().strip()
-                except OSError:
-                    continue
-                ppid = int([l for l in status.splitlines() if l.startswith("PPid:")][0].split()[1])
-                if ppid == stub and "EngineCor" in name:
-                    pids.append(child)
-    return pids
 
 
 def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     # Serve first, as in production: the engines die after they have been working.
     assert short(server, 199).backend == "vllm_backend"
-    cores = _engine_core_pids(server, "vllm_backend")
+    cores = server.engine_core_pids("vllm_backend")
     assert cores, "no VLLM::EngineCore found under the vllm_backend stub"
     for pid in cores:
         os.kill(pid, signal.SIGKILL)
@@ -104,9 +56,9 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     direct = stream_grpc(server.grpc_url, "vllm_backend", vllm_tensors(GenerationRequest("x", max_tokens=2)), timeout_s=30)
     assert direct.error_code == "UNAVAILABLE", direct.error
     # Recovery: reload the model; after the breaker's recovery window a trial closes it.
-    control(server, "vllm_backend", "unload")
-    control(server, "vllm_backend", "load")
-    wait_for(lambda: ready(server, "vllm_backend"), 300, "vllm_backend reloaded")
+    server.control_model("vllm_backend", "unload")
+    server.control_model("vllm_backend", "load")
+    wait_for(lambda: server.model_ready("vllm_backend"), 300, "vllm_backend reloaded")
     time.sleep(8.5)  # burst recovery window (4 s) / ratio window (8 s)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and breaker(server, "vllm_backend") != 0:

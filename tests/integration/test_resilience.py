@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-import urllib.request
 
 import pytest
 
 from client.packing import GenerationRequest, router_tensors
 from client.stream import stream_grpc
-from tests.server_fixture import metric_value, running_server, scrape
+from tests.server_fixture import metric_value, running_server, scrape, wait_for
 
 pytestmark = pytest.mark.integration
 MODELS = ["router_bls", "vllm_backend", "trtllm"]
@@ -32,32 +31,8 @@ def short(server, i: int = 0, max_tokens: int = 24):
     return stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=120)
 
 
-def control(server, model: str, action: str) -> None:
-    req = urllib.request.Request(f"http://{server.http_url}/v2/repository/models/{model}/{action}",
-                                 data=b"{}", method="POST")
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        assert resp.status == 200
-
-
-def ready(server, model: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/ready", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def breaker(server, engine: str) -> float:
     return metric_value(scrape(server), "router_breaker_state", engine=engine)
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_unloading_vllm_during_load_loses_no_request(server):
@@ -66,7 +41,7 @@ def test_unloading_vllm_during_load_loses_no_request(server):
     with cf.ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(short, server, i) for i in range(6)]
         time.sleep(0.3)
-        unload = pool.submit(control, server, "vllm_backend", "unload")
+        unload = pool.submit(server.control_model, "vllm_backend", "unload")
         for i in range(6, 30):
             futures.append(pool.submit(short, server, i))
             time.sleep(0.1)
@@ -76,13 +51,13 @@ def test_unloading_vllm_during_load_loses_no_request(server):
     assert not errors, errors
     backends = {r.backend for r in results}
     assert backends <= {"vllm_backend", "trtllm"} and "trtllm" in backends
-    wait_for(lambda: not ready(server, "vllm_backend"), 60, "vllm_backend unloaded")
+    wait_for(lambda: not server.model_ready("vllm_backend"), 60, "vllm_backend unloaded")
     after_unload = [short(server, 100 + i) for i in range(3)]
     assert all(r.ok and r.backend == "trtllm" for r in after_unload)
     moved = (metric_value(scrape(server), "router_failovers_total")
              + metric_value(scrape(server), "router_requests_total", engine="trtllm"))
     assert moved > metric_value(before, "router_failovers_total") + metric_value(before, "router_requests_total", engine="trtllm")
-    control(server, "vllm_backend", "load")
-    wait_for(lambda: ready(server, "vllm_backend"), 300, "vllm_backend reloaded")
+    server.control_model("vllm_backend", "load")
+    wait_for(lambda: server.model_ready("vllm_backend"), 300, "vllm_backend reloaded")
     time.sleep(0.5)
     assert short(server).backend == "vllm_backend"

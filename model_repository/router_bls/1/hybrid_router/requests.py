@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .config import RouterConfig
-from .contracts import InvalidInput, encode_stop_words_list
+from .contracts import InvalidInput
 
 
 @dataclass
@@ -166,11 +166,6 @@ def vllm_inputs(job: RouterJob) -> dict[str, np.ndarray]:
 def vllm_stop_inputs() -> dict[str, np.ndarray]:
     """A vllm_backend ``stop`` request (the project's extension of the vLLM contract)."""
     return {"text_input": np.array([b"stop"], dtype=np.object_), "stop": np.array([True])}
-
-
-def stop_words_tensor(words: Sequence[Sequence[int]]) -> np.ndarray:
-    """A tensorrtllm ``stop_words_list`` for pre-tokenized stop words."""
-    return encode_stop_words_list(words)
 
 
 def find_stop(text: str, stop_words: Sequence[str], start: int = 0) -> int:
