@@ -222,18 +222,22 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return False
 
-    def engine_core_pids(self, model: str) -> list[int]:
-        """PIDs of the VLLM::EngineCore processes started by the stub that serves ``model``."""
-        below = self.descendants()
-        stubs = set()
-        for pid in below:
+    def stub_pids(self, model: str) -> list[int]:
+        """PIDs of the Python-backend stubs that serve ``model``."""
+        stubs = []
+        for pid in self.descendants():
             try:
                 if f"/{model}/1/model.py" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                    stubs.add(pid)
+                    stubs.append(pid)
             except OSError:
                 continue
+        return stubs
+
+    def engine_core_pids(self, model: str) -> list[int]:
+        """PIDs of the VLLM::EngineCore processes started by the stub that serves ``model``."""
+        stubs = set(self.stub_pids(model))
         cores = []
-        for pid in below:
+        for pid in self.descendants():
             try:
                 ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
                 if ppid in stubs and "EngineCor" in Path(f"/proc/{pid}/comm").read_text():

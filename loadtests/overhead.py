@@ -8,10 +8,17 @@ first straight to ``vllm_backend`` (the vLLM backend contract), then through
 targets get different random prompts of the same length, so vLLM's prefix cache
 cannot favour the second one.
 
+Each level runs ``--repeats`` rounds, alternating which target goes first (direct,
+router / router, direct / ...), and pools each target's rounds, so drift on a shared
+machine hits both sides alike.
+
 Prints, per level: throughput (output tokens/s) of each path and their ratio
 (router / direct), TTFT p50/p99 of each and the TTFT the router adds (router minus
-direct, per percentile). Writes overhead.json and overhead.md into
-loadtests/results/<timestamp>-overhead/.
+direct, per percentile). When the tool starts its own server it also prints the CPU
+time per output token of each process role (server, each model's stub, engines, load
+generator) for both paths, from /proc: on a CPU-bound machine the router's CPU is
+taken from the engines, so this is the cost that carries over to other machines.
+Writes overhead.json and overhead.md into loadtests/results/<timestamp>-overhead/.
 
 Usage::
 
@@ -27,8 +34,9 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from . import proc_cpu
 from .runner import RequestRecord, Summary, format_table, run_closed_loop, send, summarize
 from .workload import FIXED_MIX, MIXES, PromptFactory, WorkloadSampler, get_mix, load_tokenizer
 
@@ -39,26 +47,50 @@ CONTRACT = {DIRECT: "vllm", ROUTED: "router"}
 
 
 @contextmanager
-def server_url(url: str | None) -> Iterator[str]:
-    """A running server's gRPC URL, or a fresh one (router_policy=vllm_only) for the duration."""
+def server_url(url: str | None) -> Iterator[tuple[str, Callable[[], list[int]] | None]]:
+    """(gRPC URL, server-tree pids or None) of a running server, or of a fresh one (vllm_only)."""
     if url:
-        yield url
+        yield url, None
         return
     from tests.server_fixture import running_server
 
     with running_server("overhead", overrides={"router_policy": "vllm_only"}) as server:
         print(f"[overhead] server ready in {getattr(server, 'start_to_ready_s', 0):.0f} s "
               f"(gRPC {server.grpc_url})", flush=True)
-        yield server.grpc_url
+        yield server.grpc_url, lambda: [server.proc.pid, *server.descendants()]
+
+
+class Side:
+    """Pooled rounds of one target at one level: records, wall time and CPU per role."""
+
+    def __init__(self) -> None:
+        self.records: list[RequestRecord] = []
+        self.wall_s = 0.0
+        self.cpu: dict[str, float] = {}
+
+    def summary(self) -> Summary:
+        """Summary over every round (throughput = all tokens / summed wall time)."""
+        return summarize(self.records, wall_s=self.wall_s, from_arrival=False)
+
+    def cpu_us_per_token(self) -> dict[str, float]:
+        """CPU microseconds per output token, per process role."""
+        tokens = self.summary().output_tokens
+        return {role: 1e6 * sec / tokens for role, sec in self.cpu.items()} if tokens else {}
 
 
 def measure(url: str, model: str, prompts: PromptFactory, mix_name: str, concurrency: int,
-            duration_s: float, seed: int, timeout_s: float) -> tuple[list[RequestRecord], Summary]:
-    """Closed-loop run of one target at one concurrency level."""
+            duration_s: float, seed: int, timeout_s: float, side: Side,
+            pids: Callable[[], list[int]] | None) -> None:
+    """One closed-loop round of one target at one level, pooled into ``side``."""
     sampler = WorkloadSampler(get_mix(mix_name), prompts, seed=seed)
+    before = proc_cpu.sample(pids()) if pids else None
     records, wall = run_closed_loop(url, model, sampler.sample, CONTRACT[model], concurrency, duration_s,
                                     timeout_s=timeout_s)
-    return records, summarize(records, wall_s=wall, from_arrival=False)
+    if before is not None and pids is not None:
+        for role, sec in proc_cpu.by_role(before, proc_cpu.sample(pids())).items():
+            side.cpu[role] = side.cpu.get(role, 0.0) + sec
+    side.records.extend(records)
+    side.wall_s += wall
 
 
 def _ms(v: float | None) -> str:
@@ -69,11 +101,12 @@ def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def row(level: int, direct: Summary, routed: Summary) -> dict[str, Any]:
+def row(level: int, direct: Summary, routed: Summary, cpu: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """The comparison of one concurrency level."""
     return {
         "concurrency": level,
         "direct": direct.as_dict(), "router": routed.as_dict(),
+        "cpu_us_per_token": cpu or {},
         "throughput_ratio": (routed.tps / direct.tps) if direct.tps else None,
         "added_ttft_p50_s": _diff(routed.ttft_p50_s, direct.ttft_p50_s),
         "added_ttft_p99_s": _diff(routed.ttft_p99_s, direct.ttft_p99_s),
@@ -96,6 +129,24 @@ def format_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return out
 
 
+CPU_ROLES = ("server", "stub:router_bls", "stub:vllm_backend", "engines", "load generator")
+
+
+def format_cpu_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """CPU µs per output token by role, direct vs router, per level."""
+    out = []
+    for r in rows:
+        cpu = r.get("cpu_us_per_token") or {}
+        if not cpu:
+            continue
+        for side in ("direct", "router"):
+            per = cpu.get(side, {})
+            total = sum(per.values())
+            out.append((str(r["concurrency"]), side, *(f"{per.get(role, 0.0):.0f}" for role in CPU_ROLES),
+                        f"{total:.0f}"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(description="Throughput and TTFT added by router_bls over vllm_backend.")
@@ -105,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mix", default=FIXED_MIX.name, choices=sorted(MIXES))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=120.0)
+    p.add_argument("--repeats", type=int, default=2, help="rounds per target and level, order alternating")
     p.add_argument("--out", type=Path, help="results folder (default loadtests/results/<timestamp>-overhead)")
     args = p.parse_args(argv)
     try:
@@ -118,29 +170,45 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     prompts = PromptFactory(load_tokenizer())
     rows: list[dict[str, Any]] = []
-    with server_url(args.url) as url:
+    if args.repeats < 1:
+        print(f"overhead: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
+        return 2
+    with server_url(args.url) as (url, pids):
         warm = WorkloadSampler(get_mix(args.mix), prompts, seed=args.seed + 99)
         for model in (DIRECT, ROUTED, DIRECT, ROUTED):
             send(url, model, warm.sample(), CONTRACT[model], timeout_s=args.timeout_s)
         for k, level in enumerate(levels):
-            # Distinct seeds per target and level: no prompt is seen twice (prefix cache).
-            _, direct = measure(url, DIRECT, prompts, args.mix, level, args.duration,
-                                args.seed + 1000 + k, args.timeout_s)
-            _, routed = measure(url, ROUTED, prompts, args.mix, level, args.duration,
-                                args.seed + 2000 + k, args.timeout_s)
-            rows.append(row(level, direct, routed))
+            sides = {DIRECT: Side(), ROUTED: Side()}
+            for rep in range(args.repeats):
+                order = (DIRECT, ROUTED) if rep % 2 == 0 else (ROUTED, DIRECT)
+                for model in order:
+                    # Distinct seeds per target, level and round: no prompt is seen twice (prefix cache).
+                    seed = args.seed + (1000 if model == DIRECT else 2000) + 100 * k + rep
+                    measure(url, model, prompts, args.mix, level, args.duration, seed, args.timeout_s,
+                            sides[model], pids)
+            direct, routed = sides[DIRECT].summary(), sides[ROUTED].summary()
+            cpu = {"direct": sides[DIRECT].cpu_us_per_token(), "router": sides[ROUTED].cpu_us_per_token()} \
+                if pids else None
+            rows.append(row(level, direct, routed, cpu))
             print(f"[overhead] {level} streams: direct {direct.tps:.0f} tok/s, router {routed.tps:.0f} tok/s",
                   flush=True)
     cells = format_rows(rows)
+    cpu_cells = format_cpu_rows(rows)
+    cpu_header = ("streams", "path", *CPU_ROLES, "total")
     print()
     print(format_table(HEADER, cells))
+    if cpu_cells:
+        print("\nCPU time per output token (µs), by process role:")
+        print(format_table(cpu_header, cpu_cells))
     (out / "overhead.json").write_text(json.dumps({"settings": vars(args) | {"out": str(out)}, "rows": rows},
                                                   indent=2, default=str))
     (out / "overhead.md").write_text(
         "# Router overhead (router_bls, policy vllm_only, vs vllm_backend directly)\n\n"
-        f"Closed loop, {args.duration:g} s per target and level, mix {args.mix}: "
+        f"Closed loop, {args.repeats} x {args.duration:g} s per target and level, mix {args.mix}: "
         f"{get_mix(args.mix).describe()}. TTFT from stream start; ratio = router / direct tokens per second.\n\n"
-        + format_table(HEADER, cells, markdown=True) + "\n")
+        + format_table(HEADER, cells, markdown=True) + "\n"
+        + ("\n## CPU time per output token (µs), by process role\n\n"
+           + format_table(cpu_header, cpu_cells, markdown=True) + "\n" if cpu_cells else ""))
     print(f"\n[overhead] results in {out}")
     errors = sum(r["direct"]["errors"] + r["router"]["errors"] for r in rows)
     return 1 if errors else 0

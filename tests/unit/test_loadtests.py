@@ -385,3 +385,25 @@ def test_benchmark_ratios_and_goal_check() -> None:
     checks = goal_check(figs)
     assert any("TTFT p99" in c and "met" in c for c in checks)
     assert any("SLA attainment" in c and "5.00x" in c for c in checks)
+
+
+def test_cpu_roles_from_command_lines() -> None:
+    from loadtests.proc_cpu import role_of
+
+    stub = "/x/backends/python/triton_python_backend_stub /repo/{}/1/model.py triton_python_backend_shm 1 1"
+    assert role_of(stub.format("router_bls")) == "stub:router_bls"
+    assert role_of(stub.format("vllm_backend")) == "stub:vllm_backend"
+    assert role_of(stub.format("trtllm")) == "stub:trtllm"
+    assert role_of("/x/bin/tritonserver --model-repository=/repo/trtllm") == "server"
+    assert role_of("VLLM::EngineCore") == "engines"
+
+
+def test_cpu_by_role_sums_deltas_and_counts_new_processes_from_zero() -> None:
+    from loadtests.proc_cpu import by_role, sample
+
+    stub = "stub triton_python_backend_stub /r/router_bls/1/model.py"
+    before = {1: (10.0, "/bin/tritonserver x"), 2: (5.0, stub), 0: (1.0, "load generator")}
+    after = {1: (12.5, "/bin/tritonserver x"), 2: (5.5, stub), 3: (4.0, "VLLM::Worker"), 0: (3.0, "load generator")}
+    assert by_role(before, after) == {"server": 2.5, "stub:router_bls": 0.5, "engines": 4.0, "load generator": 2.0}
+    own = sample([])
+    assert set(own) == {0} and own[0][0] > 0

@@ -51,6 +51,7 @@ class TritonPythonModel:
         """Parse and validate parameters, load the tokenizer, start dispatching."""
         from hybrid_router.engine_host import use_utf8_locale
 
+        ta.enable_crash_traces()
         use_utf8_locale()
         model_config = json.loads(args["model_config"])
         self.cfg = config_from_parameters(ta.model_parameters(model_config))

@@ -166,6 +166,7 @@ class EngineHost:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="engine-loop", daemon=True)
         self.engine: Any = None
+        self._guard: Any = None
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -184,6 +185,10 @@ class EngineHost:
             return AsyncLLM.from_engine_args(args, stat_loggers=[factory])
 
         self.engine = self.submit(build()).result(timeout=timeout_s)
+        from .orphan_guard import children_of, start_guard
+
+        cores = [pid for pid in children_of(os.getpid()) if _cmdline(pid).startswith("VLLM::")]
+        self._guard = start_guard(cores)
 
     def submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
         """Schedule a coroutine on the engine loop from any thread."""
@@ -212,3 +217,14 @@ class EngineHost:
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+        if self._guard is not None:
+            self._guard.kill()
+            self._guard.wait(timeout=5)
+            self._guard = None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

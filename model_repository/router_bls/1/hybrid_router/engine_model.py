@@ -40,6 +40,7 @@ class EngineModelBase:
 
     def initialize(self, args: dict[str, Any]) -> None:
         """Read config, set the CPU environment, start the engine, declare metrics."""
+        ta.enable_crash_traces()
         self.model_config = json.loads(args["model_config"])
         self.model_name = args["model_name"]
         self.model_version = str(args.get("model_version", "1"))

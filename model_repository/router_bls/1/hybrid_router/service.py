@@ -286,7 +286,7 @@ class RouterService:
         else:
             inputs, outputs, detok = vllm_inputs(job), VLLM_OUTPUTS, None
         t_start = self.clock()
-        text_parts: list[str] = []
+        full = ""  # text generated so far (after any stop-word cut)
         emitted = 0  # characters already sent to the client
         n_out = 0
         first = None
@@ -314,17 +314,15 @@ class RouterService:
                     first = self.clock()
                     st.ttft.add((first - t_start) * 1000.0)
                     self.metrics.ttft(engine, first - p.arrived)
-                text_parts.append(piece)
+                full += piece
                 if job.stop_words:
-                    full = "".join(text_parts)
                     cut = find_stop(full, job.stop_words, max(emitted - max(map(len, job.stop_words)), 0))
                     if cut != -1:
-                        text_parts = [full[:cut]]
+                        full = full[:cut]
                         self._stop_engine(engine, model, request_id)
                         stopped = True
                 if job.stream:
-                    full = "".join(text_parts)
-                    hold = 0 if stopped else _stop_holdback(full, job.stop_words)
+                    hold = 0 if stopped or not job.stop_words else _stop_holdback(full, job.stop_words)
                     delta = full[emitted:len(full) - hold]
                     if delta:
                         self.transport.send(p.sender, self._outputs(job, delta, engine, None), final=False)
@@ -340,10 +338,7 @@ class RouterService:
             return self._fail(p, engine, f"engine {model} failed {where}: {exc}",
                               "INVALID_ARG" if client_error else ("UNAVAILABLE" if first is None else "INTERNAL"))
         if detok is not None and not stopped:
-            tail = detok.flush()
-            if tail:
-                text_parts.append(tail)
-        full = "".join(text_parts)
+            full += detok.flush()
         t_end = self.clock()
         st.breaker.record(True)
         self.metrics.finished(engine, n_out, t_end - p.arrived,

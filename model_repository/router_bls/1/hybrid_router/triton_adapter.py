@@ -6,8 +6,10 @@ use these helpers for tensors, responses, errors, metrics and BLS calls.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import queue
+import sys
 import threading
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -25,6 +27,16 @@ class EngineCallError(RuntimeError):
         super().__init__(message)
         self.code = code
 
+
+
+def enable_crash_traces() -> None:
+    """On a fatal signal in the stub, write every thread's Python stack to the server log."""
+    if faulthandler.is_enabled():
+        return
+    try:
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # no usable stderr in this stub
+        pass
 
 def _code(name: str) -> Any:
     return getattr(pb_utils.TritonError, name, pb_utils.TritonError.INTERNAL)
@@ -261,6 +273,7 @@ __all__ = [
     "Logger",
     "Metrics",
     "bls_stream",
+    "enable_crash_traces",
     "error_response",
     "is_cancelled",
     "make_response",

@@ -1,0 +1,101 @@
+"""Kill a model's engine processes when the model's stub dies without shutting them down.
+
+vLLM spawns its EngineCore (and the core its workers) with multiprocessing "spawn", so
+nothing ties them to the Triton Python stub that owns them: if the stub is SIGKILLed
+(or crashes), they live on holding their memory and cores while Triton starts a new
+stub with a new engine. ``start_guard`` launches this file as a small separate process
+that polls the stub once a second; when the stub is gone it SIGKILLs the engine
+processes and everything below them, then exits. It also exits when the engine
+processes end on their own (normal unload). Processes are identified by pid and
+start time, so a recycled pid is never killed. Linux only (/proc). No Triton imports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (None when it does not exist)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def alive(pid: int, started: int) -> bool:
+    """True while the process ``pid`` that started at ``started`` still exists (not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] != "Z" and int(fields[19]) == started
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def tree(pids: list[int]) -> list[int]:
+    """``pids`` and all their descendants."""
+    out, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children_of(pid))
+    return out
+
+
+def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: float = 1.0) -> int:
+    """Wait for the owner to die, then SIGKILL the targets' trees; returns how many were killed."""
+    while True:
+        live = [(pid, st) for pid, st in targets if alive(pid, st)]
+        if not live:
+            return 0
+        if not alive(*owner):
+            victims = tree([pid for pid, _ in live])
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            return len(victims)
+        time.sleep(period_s)
+
+
+def start_guard(targets: list[int], python: str = sys.executable) -> subprocess.Popen | None:
+    """Launch the guard for ``targets`` (pids), owned by this process; None when nothing to guard."""
+    pairs = [(pid, st) for pid in targets if (st := start_time(pid)) is not None]
+    owner = start_time(os.getpid())
+    if not pairs or owner is None:
+        return None
+    args = [python, os.path.abspath(__file__), f"{os.getpid()}:{owner}"] + [f"{p}:{s}" for p, s in pairs]
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+
+
+def main(argv: list[str]) -> int:
+    """``orphan_guard.py OWNER_PID:START TARGET_PID:START ...``"""
+    owner, *targets = [tuple(int(x) for x in a.split(":")) for a in argv]
+    killed = guard(owner, targets)  # type: ignore[arg-type]
+    if killed:
+        print(f"orphan_guard: owner {owner[0]} died; killed {killed} engine processes", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,48 @@
+"""Real fault: SIGKILL the Python stub that owns a vLLM engine. The engine processes must
+not outlive it (the orphan guard kills them) and the server stays live.
+
+A server with the trtllm stand-in only (one engine), so the fault touches nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import urllib.request
+
+import pytest
+
+from client.packing import GenerationRequest, trtllm_tensors
+from client.stream import stream_grpc
+from tests.server_fixture import running_server, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running_server("stub_death", models=["trtllm"]) as s:
+        yield s
+
+
+def _exists(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_engine_processes_die_with_their_stub(server):
+    r = stream_grpc(server.grpc_url, "trtllm", trtllm_tensors([1, 2, 3, 4],
+                                                              GenerationRequest("", max_tokens=4)), timeout_s=60)
+    assert r.ok, r.error
+    stubs, cores = server.stub_pids("trtllm"), server.engine_core_pids("trtllm")
+    assert len(stubs) == 1 and cores, (stubs, cores)
+    engine_tree = [pid for pid in server.descendants() if pid not in stubs]
+    workers = [pid for pid in engine_tree if _exists(pid) and pid not in cores]
+    os.kill(stubs[0], signal.SIGKILL)
+    wait_for(lambda: not any(_exists(pid) for pid in cores + workers), 15,
+             f"engine processes {cores + workers} to exit after their stub was killed")
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=5) as resp:
+        assert resp.status == 200

@@ -1,0 +1,81 @@
+"""The orphan guard kills engine processes whose owner died, and nothing else."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from hybrid_router import orphan_guard as og
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def _gone(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
+    try:
+        proc.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def test_targets_die_with_their_owner() -> None:
+    owner, target = _sleeper(), _sleeper()
+    try:
+        guard = subprocess.Popen([sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
+                                  f"{target.pid}:{og.start_time(target.pid)}"])
+        time.sleep(1.5)
+        assert target.poll() is None  # owner alive: nothing happens
+        owner.kill()
+        owner.wait()
+        assert _gone(target), "target survived its owner"
+        assert guard.wait(10) == 0
+    finally:
+        for p in (owner, target):
+            p.kill()
+
+
+def test_guard_exits_when_targets_end_on_their_own() -> None:
+    owner, target = _sleeper(), _sleeper()
+    try:
+        guard = subprocess.Popen([sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
+                                  f"{target.pid}:{og.start_time(target.pid)}"])
+        target.kill()
+        target.wait()
+        assert guard.wait(10) == 0
+        assert owner.poll() is None
+    finally:
+        for p in (owner, target):
+            p.kill()
+
+
+def test_a_recycled_pid_is_not_the_same_process() -> None:
+    p = _sleeper()
+    try:
+        started = og.start_time(p.pid)
+        assert started is not None and og.alive(p.pid, started)
+        assert not og.alive(p.pid, started + 1)
+    finally:
+        p.kill()
+        p.wait()
+    assert not og.alive(p.pid, started)
+    assert og.start_time(p.pid) is None
+
+
+def test_tree_includes_descendants() -> None:
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        while not og.children_of(parent.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        kids = og.children_of(parent.pid)
+        assert len(kids) == 1
+        assert set(og.tree([parent.pid])) == {parent.pid, kids[0]}
+        assert og.guard((parent.pid, og.start_time(parent.pid)), []) == 0  # nothing to guard
+    finally:
+        for pid in og.tree([parent.pid]):
+            subprocess.run(["kill", "-9", str(pid)])
+        parent.wait()
