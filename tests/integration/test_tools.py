@@ -50,3 +50,22 @@ def test_headless_locust_run_has_no_failures(server):
     total = [r for r in rows if r["Name"] == "Aggregated"]
     assert total and int(total[0]["Request Count"]) > 0 and int(total[0]["Failure Count"]) == 0
     assert (out / "report.html").exists()
+
+
+def test_perf_analyzer_streams_one_measurement_against_router_bls(server):
+    from loadtests.run_perf_analyzer import PA_BIN, run_perf_analyzer
+
+    if not PA_BIN.exists():
+        pytest.fail(f"{PA_BIN} is missing: build_scripts/setup.sh installs it")
+    out = ROOT / "loadtests" / "results" / "ci-perf-analyzer"
+    # Concurrency 1 and a loose stability bound: on 2 shared cores, tighter bounds fail to settle.
+    code, summary = run_perf_analyzer(server.grpc_url, "router_bls", out, mix="chat", samples=8,
+                                      concurrency="1", measurement_interval_ms=6000, stability_pct=100.0,
+                                      max_trials=5, timeout_s=300)
+    log = (out / "perf_analyzer.log").read_text()
+    assert code == 0, log[-2000:]
+    assert len(summary) == 1 and summary[0]["requests"] > 0, summary
+    row = summary[0]
+    assert row["ttft_p50_s"] > 0 and row["e2e_p50_s"] >= row["ttft_p50_s"]
+    assert row["responses_mean"] > 1  # streamed: several responses per request
+    assert "Request concurrency: 1" in log

@@ -92,6 +92,7 @@ class TritonPythonModel:
     def finalize(self) -> None:
         """Stop background threads and release metrics."""
         self.service.stop()
+        ta.release_bls_streams()
         self.metrics = None
         self.service = None
         self.writer.close()
