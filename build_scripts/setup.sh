@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One setup step for both README commands (make serve, make test): creates the pinned
-# Python environment, lays out tritonserver 2.51 and perf_analyzer, and generates the
+# Python environment, lays out tritonserver 2.51, perf_analyzer and genai-perf, and generates the
 # CPU profile's model. Idempotent: with nothing changed, a second run takes seconds.
 # Everything it makes lives in ignored folders (.venv/, .runtime/, .cache/, models/).
 set -euo pipefail
@@ -11,6 +11,7 @@ VENV="$ROOT/.venv"
 RUNTIME="$ROOT/.runtime"
 LOCK="$ROOT/requirements/lock-cpu.txt"
 PA_LOCK="$ROOT/requirements/perf-analyzer.txt"
+GP_LOCK="$ROOT/requirements/genai-perf.txt"
 PYTHON="${PYTHON:-python3.11}"
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -74,6 +75,18 @@ if [ "$(cat "$RUNTIME/perf_analyzer/.sha" 2>/dev/null || true)" != "$want" ]; th
     echo "$want" > "$RUNTIME/perf_analyzer/.sha"
 else
     say "perf_analyzer up to date"
+fi
+
+# 3b. genai-perf in its own venv (it needs numpy 2; the server's stub needs numpy < 2).
+want="$(sha "$GP_LOCK")"
+if [ "$(cat "$RUNTIME/genai-perf/.lock-sha" 2>/dev/null || true)" != "$want" ]; then
+    say "installing genai-perf into $RUNTIME/genai-perf"
+    rm -rf "$RUNTIME/genai-perf"
+    "$PYTHON" -m venv "$RUNTIME/genai-perf"
+    "$RUNTIME/genai-perf/bin/python" -m pip install --disable-pip-version-check -q --no-deps -r "$GP_LOCK"
+    echo "$want" > "$RUNTIME/genai-perf/.lock-sha"
+else
+    say "genai-perf up to date"
 fi
 
 # 4. The CPU profile's generated model (seeded; skipped when present with the same spec).

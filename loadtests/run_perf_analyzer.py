@@ -14,20 +14,20 @@ Writes inputs.json, perf.csv (``-f``), profile_export.json (every request's resp
 timestamps), perf_analyzer.log and summary.json (TTFT / e2e percentiles per
 experiment, computed from the export) into loadtests/results/<run>/.
 
-genai-perf (``--service-kind triton --backend tensorrtllm`` against router_bls) is
-NOT part of this environment: it is not in the lock files and must not be installed
-ad hoc. ``genai_perf_available()`` checks for it and ``genai_perf_command()`` builds
-the command that would be run; ``--genai-perf`` runs it only when it is importable.
-Whether genai-perf 0.0.16 works with the 2.51 perf_analyzer binary is untested.
+genai-perf 0.0.16 lives in its own venv (``.runtime/genai-perf``, from
+requirements/genai-perf.txt: it needs numpy 2, the server's stub numpy < 2) and drives
+the same 2.51 perf_analyzer binary. In 0.0.16 the Triton gRPC service is
+``--endpoint-type kserve`` (older releases: ``--service-kind triton``); with
+``--backend tensorrtllm`` it speaks the TensorRT-LLM contract that router_bls serves.
+``--genai-perf`` runs it and prints TTFT, inter-token latency and throughput from its
+export.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -44,6 +44,7 @@ VENV = ROOT / ".venv"
 PA_DIR = ROOT / ".runtime" / "perf_analyzer"
 PA_BIN = PA_DIR / "bin" / "perf_analyzer"
 RESULTS = ROOT / "loadtests" / "results"
+GP_BIN = ROOT / ".runtime" / "genai-perf" / "bin" / "genai-perf"
 
 
 def perf_analyzer_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -127,34 +128,59 @@ def run_perf_analyzer(url: str, model: str, out_dir: Path, mix: str = "chat", sa
 
 
 def genai_perf_available() -> bool:
-    """True when genai-perf is importable here (it is not part of this project's environment)."""
-    return importlib.util.find_spec("genai_perf") is not None and shutil.which("genai-perf") is not None
+    """True when setup.sh has installed genai-perf (``.runtime/genai-perf``)."""
+    return GP_BIN.exists()
 
 
 def genai_perf_command(url: str, model: str = "router_bls", out_dir: Path = RESULTS / "genai-perf",
                        concurrency: int = 1, input_tokens: int = 128, output_tokens: int = 64,
-                       measurement_interval_ms: int = 10000) -> list[str]:
+                       num_prompts: int = 50, measurement_interval_ms: int = 10000) -> list[str]:
     """The genai-perf command for router_bls through its TensorRT-LLM-compatible contract."""
     return [
-        "genai-perf", "profile", "-m", model, "--service-kind", "triton", "--backend", "tensorrtllm",
+        str(GP_BIN), "profile", "-m", model, "--endpoint-type", "kserve", "--backend", "tensorrtllm",
         "--streaming", "-u", url, "--tokenizer", str(DEFAULT_TOKENIZER), "--concurrency", str(concurrency),
         "--synthetic-input-tokens-mean", str(input_tokens), "--synthetic-input-tokens-stddev", "0",
-        "--output-tokens-mean", str(output_tokens), "--measurement-interval", str(measurement_interval_ms),
-        "--artifact-dir", str(out_dir),
+        "--output-tokens-mean", str(output_tokens), "--num-prompts", str(num_prompts),
+        "--measurement-interval", str(measurement_interval_ms), "--artifact-dir", str(out_dir),
     ]
 
 
-def run_genai_perf(url: str, out_dir: Path, model: str = "router_bls") -> int:
-    """Run genai-perf if it is importable (with the 2.51 perf_analyzer first on PATH); else explain."""
+def summarize_genai_perf(out_dir: Path) -> dict[str, Any]:
+    """TTFT, inter-token latency, request latency (ms) and throughputs from genai-perf's export."""
+    exports = sorted(Path(out_dir).glob("**/profile_export_genai_perf.json"))
+    if not exports:
+        raise FileNotFoundError(f"no profile_export_genai_perf.json under {out_dir}")
+    doc = json.loads(exports[-1].read_text())
+    out: dict[str, Any] = {}
+    for key in ("time_to_first_token", "inter_token_latency", "request_latency", "output_sequence_length"):
+        stats = doc.get(key) or {}
+        out[key] = {k: stats.get(k) for k in ("unit", "avg", "p50", "p99")}
+    for key in ("request_throughput", "output_token_throughput"):
+        out[key] = (doc.get(key) or {}).get("avg")
+    out["request_count"] = (doc.get("request_count") or {}).get("avg")
+    return out
+
+
+def run_genai_perf(url: str, out_dir: Path, model: str = "router_bls", concurrency: int = 1,
+                   input_tokens: int = 128, output_tokens: int = 64, num_prompts: int = 50,
+                   measurement_interval_ms: int = 10000, timeout_s: float = 900.0) -> tuple[int, dict[str, Any]]:
+    """Run genai-perf (the 2.51 perf_analyzer first on PATH); returns (exit code, summary)."""
     if not genai_perf_available():
-        print("[run_perf_analyzer] genai-perf is not installed in this environment (not in the lock "
-              "files; STACK.md lists 0.0.16 as installable). Not run. Command it would use:\n  "
-              + " ".join(genai_perf_command(url, model, out_dir)), file=sys.stderr)
-        return 3
+        raise FileNotFoundError(f"{GP_BIN} is missing; run build_scripts/setup.sh")
     env = perf_analyzer_env()
-    env["PATH"] = f"{PA_BIN.parent}:{env.get('PATH', '')}"
+    env["PATH"] = f"{PA_BIN.parent}:{GP_BIN.parent}:{env.get('PATH', '')}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(genai_perf_command(url, model, out_dir), cwd=str(ROOT), env=env).returncode
+    cmd = genai_perf_command(url, model, out_dir / "artifacts", concurrency, input_tokens, output_tokens,
+                             num_prompts, measurement_interval_ms)
+    (out_dir / "command.txt").write_text(" ".join(cmd) + "\n")
+    with open(out_dir / "genai_perf.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=str(out_dir), env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=timeout_s)
+    summary: dict[str, Any] = {}
+    if proc.returncode == 0:
+        summary = summarize_genai_perf(out_dir / "artifacts")
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return proc.returncode, summary
 
 
 def _fmt_ms(value: float | None) -> str:
@@ -175,11 +201,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stability", type=float, default=30.0, help="perf_analyzer -s (use >= 30 on 2 cores)")
     p.add_argument("--max-trials", type=int, default=5)
     p.add_argument("--run", help="results folder name (default: perf-<model>-<timestamp>)")
-    p.add_argument("--genai-perf", action="store_true", help="run genai-perf instead (only if installed)")
+    p.add_argument("--genai-perf", action="store_true",
+                   help="run genai-perf instead (--concurrency N, synthetic 128-token prompts, 64 output tokens)")
     args, extra = p.parse_known_args(argv)
     out = RESULTS / (args.run or time.strftime(f"perf-{args.model}-%Y%m%d-%H%M%S"))
     if args.genai_perf:
-        return run_genai_perf(args.url, out, args.model)
+        try:
+            code, gp = run_genai_perf(args.url, out, args.model, concurrency=int(args.concurrency.split(":")[0]),
+                                      measurement_interval_ms=args.measurement_interval)
+        except (ValueError, OSError) as exc:
+            print(f"run_perf_analyzer: {exc}", file=sys.stderr)
+            return 2
+        if gp:
+            ttft, itl = gp["time_to_first_token"], gp["inter_token_latency"]
+            print(f"genai-perf: {gp['request_throughput'] or 0:.2f} req/s, {gp['output_token_throughput'] or 0:.0f} "
+                  f"tok/s, TTFT p50 {ttft['p50']:.1f} ms p99 {ttft['p99']:.1f} ms, "
+                  f"inter-token p50 {itl['p50']:.2f} ms")
+        print(f"[run_perf_analyzer] genai-perf exit code {code}; files in {out}")
+        return code
     try:
         code, summary = run_perf_analyzer(args.url, args.model, out, args.mix, args.samples, args.seed,
                                           args.concurrency, args.request_rate, args.measurement_interval,

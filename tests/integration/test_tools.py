@@ -69,3 +69,18 @@ def test_perf_analyzer_streams_one_measurement_against_router_bls(server):
     assert row["ttft_p50_s"] > 0 and row["e2e_p50_s"] >= row["ttft_p50_s"]
     assert row["responses_mean"] > 1  # streamed: several responses per request
     assert "Request concurrency: 1" in log
+
+
+def test_genai_perf_profiles_router_bls_with_the_tensorrtllm_backend(server):
+    from loadtests.run_perf_analyzer import GP_BIN, run_genai_perf
+
+    if not GP_BIN.exists():
+        pytest.fail(f"{GP_BIN} is missing: build_scripts/setup.sh installs it")
+    out = ROOT / "loadtests" / "results" / "ci-genai-perf"
+    code, summary = run_genai_perf(server.grpc_url, out, concurrency=1, input_tokens=64, output_tokens=16,
+                                   num_prompts=10, measurement_interval_ms=6000, timeout_s=300)
+    assert code == 0, (out / "genai_perf.log").read_text()[-2000:]
+    ttft = summary["time_to_first_token"]
+    assert summary["request_count"] and summary["request_count"] > 0, summary
+    assert ttft["unit"] == "ms" and 0 < ttft["p50"] <= summary["request_latency"]["p99"]
+    assert summary["output_token_throughput"] > 0
