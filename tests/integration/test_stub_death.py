@@ -14,6 +14,7 @@ import pytest
 
 from client.packing import GenerationRequest, trtllm_tensors
 from client.stream import stream_grpc
+from hybrid_router.orphan_guard import shm_paths
 from tests.server_fixture import running_server, wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,8 +42,11 @@ def test_engine_processes_die_with_their_stub(server):
     assert len(stubs) == 1 and cores, (stubs, cores)
     engine_tree = [pid for pid in server.descendants() if pid not in stubs]
     workers = [pid for pid in engine_tree if _exists(pid) and pid not in cores]
+    shm = shm_paths(cores)
+    assert shm, "the engine maps no /dev/shm queue (vLLM changed?)"
     os.kill(stubs[0], signal.SIGKILL)
     wait_for(lambda: not any(_exists(pid) for pid in cores + workers), 15,
              f"engine processes {cores + workers} to exit after their stub was killed")
+    wait_for(lambda: not any(os.path.exists(p) for p in shm), 10, f"the engine's shared memory {shm} removed")
     with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=5) as resp:
         assert resp.status == 200

@@ -79,3 +79,21 @@ def test_tree_includes_descendants() -> None:
         for pid in og.tree([parent.pid]):
             subprocess.run(["kill", "-9", str(pid)])
         parent.wait()
+
+
+def test_shm_files_mapped_by_a_process_are_found_and_removed(tmp_path) -> None:
+    import os
+    from pathlib import Path
+
+    name = f"/dev/shm/hybrid_test_{os.getpid()}"
+    code = ("import mmap,os,time; fd=os.open(%r, os.O_CREAT|os.O_RDWR); os.ftruncate(fd, 4096); "
+            "m=mmap.mmap(fd, 4096); print('ok', flush=True); time.sleep(60)") % name
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ok"
+        assert name in og.shm_paths([p.pid])
+    finally:
+        p.kill()
+        p.wait()
+    assert og.unlink_all([name, name + "_missing"]) == 1
+    assert not Path(name).exists()

@@ -167,6 +167,8 @@ class EngineHost:
         self._thread = threading.Thread(target=self._run_loop, name="engine-loop", daemon=True)
         self.engine: Any = None
         self._guard: Any = None
+        self._shm: list[str] = []
+        self.closed = False
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -185,9 +187,12 @@ class EngineHost:
             return AsyncLLM.from_engine_args(args, stat_loggers=[factory])
 
         self.engine = self.submit(build()).result(timeout=timeout_s)
-        from .orphan_guard import children_of, start_guard
+        from .orphan_guard import children_of, shm_paths, start_guard
 
         cores = [pid for pid in children_of(os.getpid()) if _cmdline(pid).startswith("VLLM::")]
+        # vLLM removes its shared-memory queues only on a clean shutdown; remember them so
+        # that a killed engine leaves nothing in /dev/shm once this host is shut down.
+        self._shm = shm_paths(cores)
         self._guard = start_guard(cores)
 
     def submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
@@ -204,11 +209,12 @@ class EngineHost:
 
     @property
     def errored(self) -> bool:
-        """True once the engine core has died; requests then fail fast."""
-        return bool(self.engine is not None and getattr(self.engine, "errored", False))
+        """True once the engine core has died or the host was shut down; requests then fail fast."""
+        return self.closed or bool(self.engine is not None and getattr(self.engine, "errored", False))
 
     def shutdown(self) -> None:
         """Shut the engine (and its processes) down, then stop the loop."""
+        self.closed = True
         if self.engine is not None:
             try:
                 self.engine.shutdown()
@@ -221,6 +227,9 @@ class EngineHost:
             self._guard.kill()
             self._guard.wait(timeout=5)
             self._guard = None
+        from .orphan_guard import unlink_all
+
+        unlink_all(self._shm)
 
 
 def _cmdline(pid: int) -> str:

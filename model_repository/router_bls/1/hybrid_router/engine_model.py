@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -62,12 +63,55 @@ class EngineModelBase:
         else:
             os.environ["VLLM_TARGET_DEVICE"] = "cuda"
             use_utf8_locale()
+        restart = str(self.params.get("restart_on_engine_death", "true")).strip().lower()
+        if restart not in ("true", "false"):
+            raise ValueError(f"config.pbtxt parameter 'restart_on_engine_death' = {restart!r}: use true or false")
+        self.restart_on_death = restart == "true"
+        self.engine_args = engine_args
         self.metrics = ta.Metrics()
         self.sink = self.make_sink()
         self.host = EngineHost(engine_args, self.sink)
+        self._restart_lock = threading.Lock()
+        self._restarting: threading.Thread | None = None
+        self._open: dict[str, tuple[EngineHost, Any]] = {}  # submission -> (host, sender) in flight
         t0 = time.monotonic()
         self.host.start()
         self.log.info(f"{self.model_name}: engine ready in {time.monotonic() - t0:.1f} s")
+
+    def _restart_engine(self) -> None:
+        """Replace a dead engine with a new one (runs on its own thread)."""
+        old, t0 = self.host, time.monotonic()
+        closer = threading.Thread(target=old.shutdown, name="engine-close", daemon=True)
+        closer.start()
+        closer.join(timeout=30)  # a dead core must not block the new engine for long
+        # Streams still open on the old engine will never finish there: end them now.
+        for key, (host, sender) in list(self._open.items()):
+            if host is old and self._open.pop(key, None) is not None:
+                try:
+                    ta.send_error(sender, f"{self.model_name}: the engine process died during this request",
+                                  "UNAVAILABLE")
+                except Exception:  # noqa: BLE001 - already finished or the client is gone
+                    pass
+        try:
+            new = EngineHost(self.engine_args, self.sink)
+            new.start()
+        except Exception as exc:  # noqa: BLE001 - stay unavailable; the next request retries
+            self.log.error(f"{self.model_name}: engine restart failed: {exc!r}")
+            return
+        self.host = new
+        self.log.info(f"{self.model_name}: engine restarted in {time.monotonic() - t0:.1f} s")
+
+    def _ensure_restart(self) -> bool:
+        """Start restarting a dead engine once; True while a restart is under way."""
+        if not self.restart_on_death:
+            return False
+        with self._restart_lock:
+            if self._restarting is None or not self._restarting.is_alive():
+                self.log.warn(f"{self.model_name}: the engine process died; restarting it")
+                self._restarting = threading.Thread(target=self._restart_engine, name="engine-restart",
+                                                     daemon=True)
+                self._restarting.start()
+        return True
 
     def make_sink(self) -> EngineStatsSink:
         """The metrics sink of this model (subclasses override)."""
@@ -87,8 +131,11 @@ class EngineModelBase:
         for request in requests:
             sender = request.get_response_sender()
             if self.host.errored:
-                ta.send_error(sender, f"{self.model_name}: the engine process has died; "
-                              "the model is unavailable until it is reloaded", "UNAVAILABLE")
+                if self._ensure_restart():
+                    message = "the engine process has died and is being restarted; retry in about a minute"
+                else:
+                    message = "the engine process has died; the model is unavailable until it is reloaded"
+                ta.send_error(sender, f"{self.model_name}: {message}", "UNAVAILABLE")
                 continue
             try:
                 job = self.parse(request)
@@ -96,10 +143,12 @@ class EngineModelBase:
                 ta.send_error(sender, f"{self.model_name}: {exc}", "INVALID_ARG")
                 continue
             request_id = request.request_id() or uuid.uuid4().hex
-            self.host.submit(self._guarded(job, sender, request_id))
+            host, key = self.host, uuid.uuid4().hex
+            self._open[key] = (host, sender)
+            host.submit(self._guarded(job, sender, request_id, key))
         return None
 
-    async def _guarded(self, job: Any, sender: Any, request_id: str) -> None:
+    async def _guarded(self, job: Any, sender: Any, request_id: str, key: str) -> None:
         try:
             await self.serve(job, sender, request_id)
         except InvalidInput as exc:
@@ -111,6 +160,8 @@ class EngineModelBase:
                 ta.send_error(sender, f"{self.model_name}: generation failed: {exc}", code)
             except Exception:  # noqa: BLE001 - the client is already gone
                 pass
+        finally:
+            self._open.pop(key, None)
 
     async def abort(self, request_id: str) -> None:
         """Abort an engine request (client cancelled or a stop request arrived)."""
@@ -122,6 +173,9 @@ class EngineModelBase:
     def finalize(self) -> None:
         """Shut the engine down so that no engine process outlives the model."""
         self.log.info(f"{self.model_name}: shutting the engine down")
+        self.restart_on_death = False
+        if self._restarting is not None:
+            self._restarting.join(timeout=300)
         try:
             self.host.shutdown()
         finally:

@@ -61,8 +61,39 @@ def tree(pids: list[int]) -> list[int]:
     return out
 
 
+def shm_paths(pids: list[int]) -> list[str]:
+    """Files under /dev/shm mapped by ``pids`` and their descendants (vLLM's queues, semaphores)."""
+    paths: set[str] = set()
+    for pid in tree(pids):
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in maps.splitlines():
+            path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+            if path.startswith("/dev/shm/") and not path.endswith(" (deleted)"):
+                paths.add(path)
+    return sorted(paths)
+
+
+def unlink_all(paths: list[str]) -> int:
+    """Remove the files that still exist; returns how many were removed."""
+    removed = 0
+    for path in paths:
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
 def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: float = 1.0) -> int:
-    """Wait for the owner to die, then SIGKILL the targets' trees; returns how many were killed."""
+    """Wait for the owner to die, then SIGKILL the targets' trees; returns how many were killed.
+
+    Shared-memory files the targets had mapped at the start are removed after the kill.
+    """
+    shm = shm_paths([pid for pid, _ in targets])
     while True:
         live = [(pid, st) for pid, st in targets if alive(pid, st)]
         if not live:
@@ -74,6 +105,8 @@ def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: floa
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+            time.sleep(0.5)
+            unlink_all(shm)
             return len(victims)
         time.sleep(period_s)
 
