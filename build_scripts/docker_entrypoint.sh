@@ -29,4 +29,5 @@ exec tritonserver \
     --model-repository="$repository" \
     --http-port=8000 --grpc-port=8001 --metrics-port=8002 \
     --allow-gpu-metrics=true \
+    --grpc-infer-allocation-pool-size="${HYBRID_GRPC_POOL:-256}" \
     "$@"
