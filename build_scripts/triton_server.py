@@ -26,10 +26,9 @@ RUNTIME = ROOT / ".runtime" / "tritonserver"
 VENV = ROOT / ".venv"
 CACHE = ROOT / ".cache"
 SHM = Path("/dev/shm")
-# Triton 2.51's gRPC frontend keeps this many request/response objects for reuse; at the
-# default (8), with more streams in flight, responses were delivered seconds late (a
-# 40-stream burst: refusals after up to 18 s; with 256: all within 0.55 s). Override with
-# HYBRID_GRPC_POOL.
+# Triton 2.51's gRPC frontend keeps this many request/response objects for reuse. Left at
+# its default, streamed responses reached clients seconds late under a burst (40 streams:
+# refusals after up to 18 s; with 128: all within 0.55 s). Override with HYBRID_GRPC_POOL.
 GRPC_POOL = int(os.environ.get("HYBRID_GRPC_POOL", "256"))
 
 
