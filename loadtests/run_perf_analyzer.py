@@ -112,6 +112,8 @@ def run_perf_analyzer(url: str, model: str, out_dir: Path, mix: str = "chat", sa
     if not PA_BIN.exists():
         raise FileNotFoundError(f"{PA_BIN} is missing; run build_scripts/setup.sh")
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("profile_export.json", "perf.csv", "summary.json"):
+        (out_dir / stale).unlink(missing_ok=True)  # perf_analyzer refuses an existing export path
     inputs = write_inputs(out_dir / "inputs.json", model, mix, samples, seed)
     cmd = perf_analyzer_command(url, model, inputs, out_dir, concurrency, request_rate,
                                 measurement_interval_ms, stability_pct, max_trials, extra=extra)
