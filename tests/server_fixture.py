@@ -10,6 +10,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from build_scripts.render import render
 from build_scripts.triton_server import ROOT, TritonServer, free_ports
+from client.stream import StreamResult
 
 BUILD = ROOT / "build" / "tests"
 
@@ -67,3 +68,23 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# Breaker windows short enough for a test to watch them open and close.
+FAST_BREAKER = {"router_breaker_window_s": "8", "router_breaker_burst_window_s": "4",
+                "router_metrics_poll_ms": "200"}
+
+
+def short_request(server: TritonServer, i: int = 0, max_tokens: int = 24) -> StreamResult:
+    """One short interactive request through router_bls (routed to vllm_backend when healthy)."""
+    from client.packing import GenerationRequest, router_tensors
+    from client.stream import stream_grpc
+
+    req = GenerationRequest(f"request number {i} says hello", max_tokens=max_tokens, temperature=0.0,
+                            latency_sla_ms=50.0)
+    return stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=120)
+
+
+def breaker_state(server: TritonServer, engine: str) -> float:
+    """The router's breaker state gauge for ``engine`` (0 closed, 1 half-open, 2 open)."""
+    return metric_value(scrape(server), "router_breaker_state", engine=engine)

@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from client.packing import GenerationRequest, router_tensors
-from client.stream import stream_grpc
-from tests.server_fixture import metric_value, running_server, scrape, wait_for
+from tests.server_fixture import FAST_BREAKER, metric_value, running_server, scrape, wait_for
+from tests.server_fixture import short_request as short
 
 pytestmark = pytest.mark.integration
 MODELS = ["router_bls", "vllm_backend", "trtllm"]
@@ -19,20 +18,9 @@ MODELS = ["router_bls", "vllm_backend", "trtllm"]
 
 @pytest.fixture(scope="module")
 def server():
-    overrides = {"router_breaker_window_s": "8", "router_breaker_burst_window_s": "4",
-                 "router_metrics_poll_ms": "200"}
+    overrides = FAST_BREAKER
     with running_server("resilience", overrides=overrides, model_control="explicit", load_models=MODELS) as s:
         yield s
-
-
-def short(server, i: int = 0, max_tokens: int = 24):
-    req = GenerationRequest(f"request number {i} says hello", max_tokens=max_tokens, temperature=0.0,
-                            latency_sla_ms=50.0)
-    return stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=120)
-
-
-def breaker(server, engine: str) -> float:
-    return metric_value(scrape(server), "router_breaker_state", engine=engine)
 
 
 def test_unloading_vllm_during_load_loses_no_request(server):
