@@ -63,9 +63,13 @@ def test_burst_beyond_the_queue_gets_fast_unavailable(server):
     # "some are refused, none is lost, all refused ones are clean" is asserted.
     assert len(served) >= 7 and len(rejected) >= 1, (len(served), len(rejected))
     assert all("queue is full" in r.error for r in rejected)
-    # Refused requests never wait for generation. (How fast the refusal reaches the client
-    # under a burst is measured, not asserted: see the closing note of the resilience work.)
+    # Refused requests never wait for generation: each refusal reaches its client before any
+    # served stream of the burst has finished, and within 2 s (seen: 4 to 550 ms with the
+    # server's gRPC allocation pool raised; up to 18 s at Triton's default pool).
     assert all(r.ttft_s is None for r in rejected)
+    slowest_refusal = max(r.e2e_s for r in rejected)
+    assert slowest_refusal < 2.0 and slowest_refusal < min(r.e2e_s for r in served), \
+        (slowest_refusal, sorted(round(r.e2e_s, 2) for r in served))
     assert server.is_ready()
     assert metric_value(scrape(server), "router_rejected_total", reason="queue_full") == len(rejected)
     assert stream_grpc(server.grpc_url, "router_bls",

@@ -182,7 +182,8 @@ def wave(server: Any, tok: Any) -> dict[str, int]:
             r = ask(server, prompt, priority=priority, latency_sla_ms=50.0)
             assert r.ok and r.backend == engine, (engine, r.backend, r.error)
             served[engine] += 1
-    req = GenerationRequest(short, max_tokens=64, temperature=0.0, latency_sla_ms=50.0)
+    # long enough that the router sees the cancel before the engine finishes (it checks every 50 ms)
+    req = GenerationRequest(short, max_tokens=800, temperature=0.0, latency_sla_ms=50.0)
     cancelled = stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=180,
                             cancel_after_chunks=1)
     assert cancelled.cancelled
@@ -202,6 +203,7 @@ def traffic(server: Any, prom: Prometheus, tok: Any) -> dict[str, Any]:
             served[engine] += n
         routed = sum(served.values()) + waves  # + the cancelled stream of each wave
         prom.wait_for("sum(router_requests_total)", lambda r: bool(r) and _values(r)[0] >= routed)
+        prom.wait_for("sum(router_cancelled_total)", lambda r: bool(r) and _values(r)[0] >= waves)
     time.sleep(3)  # a few more scrapes and rule evaluations over the settled gauges
     after = scrape(server)
     (OUT / "before.prom").write_text(before)
