@@ -51,7 +51,8 @@ def test_kv_pressure_on_vllm_moves_interactive_requests(server):
             time.sleep(0.1)
         assert metric_value(scrape(server), "router_kv_cache_usage", engine="vllm_backend") > 0.001
         moved = short(server)
-        assert moved.ok and moved.backend == "trtllm"
+        routes = [line for line in scrape(server).splitlines() if line.startswith("router_requests_total")]
+        assert moved.ok and moved.backend == "trtllm", (moved.backend, moved.error, routes)
     finally:
         for t in threads:
             t.join()
