@@ -6,19 +6,18 @@ use these helpers for tensors, responses, errors, metrics and BLS calls.
 
 from __future__ import annotations
 
-import collections
 import faulthandler
 import json
 import queue
 import sys
 import threading
-import time
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from .contracts import InvalidInput, TensorSpec, parse_inputs
+from .holding import DelayedRelease
 
 
 
@@ -261,40 +260,7 @@ def bls_stream(
         _GRAVEYARD.keep(responses)
 
 
-class _Graveyard:
-    """Holds finished BLS response iterators for a few seconds, then drops them here.
-
-    Triton 2.51's stub keeps each iterator (and every response, with its numpy-backed
-    tensors) in a map that a background thread clears after the stream ends. If that
-    thread drops the last reference, the tensors are freed without the GIL and the
-    stub's heap is corrupted: under concurrent streams the router stub died with
-    "double free or corruption" inside ``pb_utils.Tensor``. Keeping our reference
-    until the stub's cleanup has run makes the final release happen on a Python
-    thread that holds the GIL.
-    """
-
-    def __init__(self, hold_s: float = 5.0) -> None:
-        self.hold_s = hold_s
-        self._items: "collections.deque[tuple[float, Any]]" = collections.deque()
-        self._lock = threading.Lock()
-
-    def keep(self, obj: Any) -> None:
-        """Hold ``obj``; release those held longer than ``hold_s``."""
-        now = time.monotonic()
-        expired = []
-        with self._lock:
-            self._items.append((now + self.hold_s, obj))
-            while self._items and self._items[0][0] <= now:
-                expired.append(self._items.popleft()[1])
-        del expired  # released here, on this (GIL-holding) thread
-
-    def clear(self) -> None:
-        """Release everything (model unload)."""
-        with self._lock:
-            self._items.clear()
-
-
-_GRAVEYARD = _Graveyard()
+_GRAVEYARD = DelayedRelease(hold_s=5.0)  # see holding.py: why finished BLS streams are held
 
 
 def release_bls_streams() -> None:
