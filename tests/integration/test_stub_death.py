@@ -1,7 +1,9 @@
-"""Real fault: SIGKILL the Python stub that owns a vLLM engine. The engine processes must
-not outlive it (the orphan guard kills them) and the server stays live.
+"""Real faults: SIGKILL the Python stub that owns a vLLM engine, then SIGKILL tritonserver
+itself. The engine processes must not outlive their stub, and neither stub nor engine may
+outlive the server (the orphan guard kills them); after a stub's death the server stays live.
 
-A server with the trtllm stand-in only (one engine), so the fault touches nothing else.
+Each test gets its own server with the trtllm stand-in only (one engine), so a fault
+touches nothing else.
 """
 
 from __future__ import annotations
@@ -20,10 +22,16 @@ from tests.server_fixture import running_server, wait_for
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def server():
     with running_server("stub_death", models=["trtllm"]) as s:
         yield s
+
+
+def _serve_once(server) -> None:
+    r = stream_grpc(server.grpc_url, "trtllm", trtllm_tensors([1, 2, 3, 4],
+                                                              GenerationRequest("", max_tokens=4)), timeout_s=60)
+    assert r.ok, r.error
 
 
 def _exists(pid: int) -> bool:
@@ -35,9 +43,7 @@ def _exists(pid: int) -> bool:
 
 
 def test_engine_processes_die_with_their_stub(server):
-    r = stream_grpc(server.grpc_url, "trtllm", trtllm_tensors([1, 2, 3, 4],
-                                                              GenerationRequest("", max_tokens=4)), timeout_s=60)
-    assert r.ok, r.error
+    _serve_once(server)
     stubs, cores = server.stub_pids("trtllm"), server.engine_core_pids("trtllm")
     assert len(stubs) == 1 and cores, (stubs, cores)
     engine_tree = [pid for pid in server.descendants() if pid not in stubs]
@@ -50,3 +56,16 @@ def test_engine_processes_die_with_their_stub(server):
     wait_for(lambda: not any(os.path.exists(p) for p in shm), 10, f"the engine's shared memory {shm} removed")
     with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=5) as resp:
         assert resp.status == 200
+
+
+def test_nothing_outlives_a_crashed_server(server):
+    _serve_once(server)
+    stubs, cores = server.stub_pids("trtllm"), server.engine_core_pids("trtllm")
+    everything = server.descendants()
+    assert len(stubs) == 1 and cores and set(stubs + cores) <= set(everything)
+    shm = shm_paths(cores)
+    server.proc.kill()  # SIGKILL tritonserver: its stubs are reparented, nobody stops them
+    server.proc.wait()
+    wait_for(lambda: not any(_exists(pid) for pid in everything), 20,
+             f"stub and engine processes {everything} to exit after the server was killed")
+    wait_for(lambda: not any(os.path.exists(p) for p in shm), 10, f"the engine's shared memory {shm} removed")

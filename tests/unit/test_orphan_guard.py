@@ -37,6 +37,40 @@ def test_targets_die_with_their_owner() -> None:
             p.kill()
 
 
+def test_owner_and_targets_die_when_the_server_above_them_dies() -> None:
+    server, owner, target = _sleeper(), _sleeper(), _sleeper()
+    try:
+        guard = subprocess.Popen([sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
+                                  f"{target.pid}:{og.start_time(target.pid)}",
+                                  "--server", f"{server.pid}:{og.start_time(server.pid)}"])
+        time.sleep(1.5)
+        assert owner.poll() is None and target.poll() is None  # server alive: nothing happens
+        server.kill()
+        server.wait()
+        assert _gone(target), "engine survived the server"
+        assert _gone(owner), "stub survived the server"
+        assert guard.wait(10) == 0
+    finally:
+        for p in (server, owner, target):
+            p.kill()
+
+
+def test_a_dead_owner_does_not_take_the_server_down() -> None:
+    server, owner, target = _sleeper(), _sleeper(), _sleeper()
+    try:
+        guard = subprocess.Popen([sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
+                                  f"{target.pid}:{og.start_time(target.pid)}",
+                                  "--server", f"{server.pid}:{og.start_time(server.pid)}"])
+        owner.kill()
+        owner.wait()
+        assert _gone(target)
+        assert guard.wait(10) == 0
+        assert server.poll() is None
+    finally:
+        for p in (server, owner, target):
+            p.kill()
+
+
 def test_guard_exits_when_targets_end_on_their_own() -> None:
     owner, target = _sleeper(), _sleeper()
     try:

@@ -6,8 +6,12 @@ nothing ties them to the Triton Python stub that owns them: if the stub is SIGKI
 stub with a new engine. ``start_guard`` launches this file as a small separate process
 that polls the stub once a second; when the stub is gone it SIGKILLs the engine
 processes and everything below them, then exits. It also exits when the engine
-processes end on their own (normal unload). Processes are identified by pid and
-start time, so a recycled pid is never killed. Linux only (/proc). No Triton imports.
+processes end on their own (normal unload). It also watches the stub's parent, the
+tritonserver: when the server crashes, its stubs are reparented and live on (seen: a
+stub and its engine, 3 GB, still running minutes after a SIGSEGV of the server), so
+then the stub is killed along with the engine processes. Processes are identified by
+pid and start time, so a recycled pid is never killed. Linux only (/proc). No Triton
+imports.
 """
 
 from __future__ import annotations
@@ -88,18 +92,24 @@ def unlink_all(paths: list[str]) -> int:
     return removed
 
 
-def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: float = 1.0) -> int:
-    """Wait for the owner to die, then SIGKILL the targets' trees; returns how many were killed.
+def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: float = 1.0,
+          server: tuple[int, int] | None = None) -> int:
+    """Wait for the owner (or the server above it) to die, then SIGKILL the targets' trees;
+    returns how many processes were killed.
 
-    Shared-memory files the targets had mapped at the start are removed after the kill.
+    When the server died first, the owner is killed too. Shared-memory files the targets
+    had mapped at the start are removed after the kill.
     """
     shm = shm_paths([pid for pid, _ in targets])
     while True:
         live = [(pid, st) for pid, st in targets if alive(pid, st)]
         if not live:
             return 0
-        if not alive(*owner):
-            victims = tree([pid for pid, _ in live])
+        owner_dead = not alive(*owner)
+        server_dead = server is not None and not alive(*server)
+        if owner_dead or server_dead:
+            roots = [pid for pid, _ in live] + ([owner[0]] if not owner_dead else [])
+            victims = tree(roots)
             for pid in victims:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -111,22 +121,38 @@ def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: floa
         time.sleep(period_s)
 
 
-def start_guard(targets: list[int], python: str = sys.executable) -> subprocess.Popen | None:
-    """Launch the guard for ``targets`` (pids), owned by this process; None when nothing to guard."""
+def start_guard(targets: list[int], python: str = sys.executable,
+                watch_parent: bool = True) -> subprocess.Popen | None:
+    """Launch the guard for ``targets`` (pids), owned by this process (and, with
+    ``watch_parent``, by its parent, the tritonserver); None when nothing to guard."""
     pairs = [(pid, st) for pid in targets if (st := start_time(pid)) is not None]
     owner = start_time(os.getpid())
     if not pairs or owner is None:
         return None
     args = [python, os.path.abspath(__file__), f"{os.getpid()}:{owner}"] + [f"{p}:{s}" for p, s in pairs]
+    parent = os.getppid()
+    if watch_parent and parent > 1 and (parent_start := start_time(parent)) is not None:
+        args += ["--server", f"{parent}:{parent_start}"]
     return subprocess.Popen(args, stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
 
 
+def _pid_start(arg: str) -> tuple[int, int]:
+    pid, started = arg.split(":")
+    return int(pid), int(started)
+
+
 def main(argv: list[str]) -> int:
-    """``orphan_guard.py OWNER_PID:START TARGET_PID:START ...``"""
-    owner, *targets = [tuple(int(x) for x in a.split(":")) for a in argv]
-    killed = guard(owner, targets)  # type: ignore[arg-type]
+    """``orphan_guard.py OWNER_PID:START TARGET_PID:START ... [--server PID:START]``"""
+    server = None
+    if "--server" in argv:
+        i = argv.index("--server")
+        server = _pid_start(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
+    owner, *targets = [_pid_start(a) for a in argv]
+    killed = guard(owner, targets, server=server)
     if killed:
-        print(f"orphan_guard: owner {owner[0]} died; killed {killed} engine processes", file=sys.stderr)
+        who = "server" if server is not None and not alive(*server) else "owner"
+        print(f"orphan_guard: {who} of {owner[0]} died; killed {killed} processes", file=sys.stderr)
     return 0
 
 
