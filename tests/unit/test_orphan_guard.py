@@ -131,3 +131,70 @@ def test_shm_files_mapped_by_a_process_are_found_and_removed(tmp_path) -> None:
         p.wait()
     assert og.unlink_all([name, name + "_missing"]) == 1
     assert not Path(name).exists()
+
+
+def _mapper(name: str) -> subprocess.Popen:
+    """A process that creates and maps a /dev/shm file, then sleeps."""
+    code = ("import mmap,os,time; fd=os.open(%r, os.O_CREAT|os.O_RDWR); os.ftruncate(fd, 4096); "
+            "m=mmap.mmap(fd, 4096); print('ok', flush=True); time.sleep(60)") % name
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ok"
+    return p
+
+
+def test_after_a_server_crash_the_stubs_shared_memory_goes_too() -> None:
+    import os
+    from pathlib import Path
+
+    owner_file = f"/dev/shm/hybrid_owner_{os.getpid()}"
+    server, owner, target = _sleeper(), _mapper(owner_file), _sleeper()
+    try:
+        guard = subprocess.Popen([sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
+                                  f"{target.pid}:{og.start_time(target.pid)}",
+                                  "--server", f"{server.pid}:{og.start_time(server.pid)}"])
+        time.sleep(1.5)
+        assert Path(owner_file).exists()  # server alive: the stub's files are left alone
+        server.kill()
+        server.wait()
+        assert _gone(owner) and _gone(target)
+        assert guard.wait(10) == 0
+        assert not Path(owner_file).exists(), "the stub's shared memory was left behind"
+    finally:
+        for p in (server, owner, target):
+            p.kill()
+        try:
+            os.unlink(owner_file)
+        except OSError:
+            pass
+
+
+def test_queues_an_engine_maps_after_the_guard_started_are_removed_too() -> None:
+    import os
+    import threading
+    from pathlib import Path
+
+    late_file = f"/dev/shm/hybrid_late_{os.getpid()}"
+    code = ("import mmap,os,time; time.sleep(0.5); fd=os.open(%r, os.O_CREAT|os.O_RDWR); "
+            "os.ftruncate(fd, 4096); m=mmap.mmap(fd, 4096); time.sleep(60)") % late_file
+    owner, target = _sleeper(), subprocess.Popen([sys.executable, "-c", code])
+    result: list[int] = []
+    try:
+        t = threading.Thread(target=lambda: result.append(og.guard(
+            (owner.pid, og.start_time(owner.pid)), [(target.pid, og.start_time(target.pid))],
+            period_s=0.1)))
+        t.start()
+        deadline = time.monotonic() + 5
+        while not Path(late_file).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        owner.kill()
+        owner.wait()
+        t.join(10)
+        assert result and result[0] >= 1 and _gone(target)
+        assert not Path(late_file).exists(), "a queue created after the guard started was left behind"
+    finally:
+        for p in (owner, target):
+            p.kill()
+        try:
+            os.unlink(late_file)
+        except OSError:
+            pass

@@ -98,9 +98,10 @@ def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: floa
     returns how many processes were killed.
 
     When the server died first, the owner is killed too. Shared-memory files the targets
-    had mapped at the start are removed after the kill.
+    map (at the start, and again just before the kill, as engines create queues later)
+    are removed after the kill; when the server died, so are the owner's.
     """
-    shm = shm_paths([pid for pid, _ in targets])
+    shm = set(shm_paths([pid for pid, _ in targets]))
     while True:
         live = [(pid, st) for pid, st in targets if alive(pid, st)]
         if not live:
@@ -108,7 +109,11 @@ def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: floa
         owner_dead = not alive(*owner)
         server_dead = server is not None and not alive(*server)
         if owner_dead or server_dead:
-            roots = [pid for pid, _ in live] + ([owner[0]] if not owner_dead else [])
+            roots = [pid for pid, _ in live]
+            if not owner_dead:
+                roots.append(owner[0])
+                shm |= set(shm_paths([owner[0]]))  # the stub's too: nobody else will use them
+            shm |= set(shm_paths(roots))
             victims = tree(roots)
             for pid in victims:
                 try:
@@ -116,7 +121,7 @@ def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: floa
                 except OSError:
                     pass
             time.sleep(0.5)
-            unlink_all(shm)
+            unlink_all(sorted(shm))
             return len(victims)
         time.sleep(period_s)
 
