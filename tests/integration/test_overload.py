@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from client.packing import GenerationRequest, router_tensors
-from client.stream import stream_grpc
+from client.packing import GenerationRequest, generate_payload, router_tensors
+from client.stream import stream_grpc, stream_http
 from tests.server_fixture import metric_value, running_server, scrape
 
 pytestmark = pytest.mark.integration
@@ -63,14 +63,30 @@ def test_burst_beyond_the_queue_gets_fast_unavailable(server):
     # "some are refused, none is lost, all refused ones are clean" is asserted.
     assert len(served) >= 7 and len(rejected) >= 1, (len(served), len(rejected))
     assert all("queue is full" in r.error for r in rejected)
-    # Refused requests never wait for generation: each refusal reaches its client before any
-    # served stream of the burst has finished, and within 2 s (seen: 4 to 550 ms with the
-    # server's gRPC allocation pool raised; up to 18 s at Triton's default pool).
+    # Refused requests never wait for generation. How fast a refusal reaches a gRPC client
+    # is not asserted here: the router sends it within ~10 ms of execute, but Triton 2.51's
+    # gRPC frontend delivered some after 4-11 s under this burst (README, Known limits).
+    # The HTTP burst below asserts the latency end to end.
     assert all(r.ttft_s is None for r in rejected)
-    slowest_refusal = max(r.e2e_s for r in rejected)
-    assert slowest_refusal < 2.0 and slowest_refusal < min(r.e2e_s for r in served), \
-        (slowest_refusal, sorted(round(r.e2e_s, 2) for r in served))
     assert server.is_ready()
     assert metric_value(scrape(server), "router_rejected_total", reason="queue_full") == len(rejected)
     assert stream_grpc(server.grpc_url, "router_bls",
                        router_tensors(GenerationRequest("still alive?", max_tokens=4)), timeout_s=60).ok
+
+
+def test_burst_refusals_reach_http_clients_at_once(server):
+    n = 40
+    payload = generate_payload(GenerationRequest("burst: tell me everything", max_tokens=300, temperature=0.0))
+    with cf.ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(lambda _: stream_http(server.http_url, "router_bls", payload, timeout_s=300),
+                                range(n)))
+    rejected = [r for r in results if r.error_code == "UNAVAILABLE"]
+    served = [r for r in results if r.ok]
+    assert len(served) + len(rejected) == n, [r.error for r in results if not r.ok and r not in rejected]
+    assert len(served) >= 7 and len(rejected) >= 1, (len(served), len(rejected))
+    assert all("queue is full" in r.error for r in rejected)
+    # each refusal arrives within 2 s (seen: 8 to 45 ms) and before any served stream ends
+    slowest_refusal = max(r.e2e_s for r in rejected)
+    assert slowest_refusal < 2.0 and slowest_refusal < min(r.e2e_s for r in served), \
+        (slowest_refusal, sorted(round(r.e2e_s, 2) for r in served))
+    assert server.is_ready()
