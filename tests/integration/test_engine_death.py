@@ -5,6 +5,7 @@ tritonserver 2.51, README); the breaker opens and, after the recovery window, cl
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import os
 import signal
 import time
@@ -14,11 +15,12 @@ import pytest
 from client.packing import GenerationRequest, router_tensors
 from client.stream import stream_grpc
 from hybrid_router.orphan_guard import shm_paths
-from tests.server_fixture import FAST_BREAKER, running_server, wait_for
+from tests.server_fixture import FAST_BREAKER, metric_value, running_server, scrape, wait_for
 from tests.server_fixture import breaker_state as breaker
 from tests.server_fixture import short_request as short
 
 pytestmark = pytest.mark.integration
+BURST = 12  # concurrent requests at the dead engine: >= 5 failures at once open the breaker
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +39,16 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     for pid in cores:
         os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
+    # A burst of requests right after the kill, before anyone has noticed: each fails on the
+    # dead engine before its first token, fails over to trtllm, and counts for the breaker.
+    req = GenerationRequest("right after the kill", max_tokens=8, temperature=0.0, latency_sla_ms=50.0)
+    with cf.ThreadPoolExecutor(BURST) as pool:
+        burst = list(pool.map(lambda _: stream_grpc(server.grpc_url, "router_bls", router_tensors(req),
+                                                    timeout_s=30), range(BURST)))
+    assert all(r.ok and r.backend == "trtllm" for r in burst), [r.error for r in burst if not r.ok]
+    # The model notices by itself (no request needed) and reports its engine down.
+    wait_for(lambda: metric_value(scrape(server), "hybrid_engine_ready", model="vllm_backend") == 0, 10,
+             "hybrid_engine_ready{model=vllm_backend} to drop to 0")
     for i in range(14):
         req = GenerationRequest(f"after the kill {i}", max_tokens=8, temperature=0.0, latency_sla_ms=50.0)
         r = stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=30)
@@ -54,6 +66,8 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     wait_for(lambda: stream_grpc(server.grpc_url, "vllm_backend", vllm_tensors(GenerationRequest("y", max_tokens=2)),
                                  timeout_s=30).ok, 240, "vllm_backend to serve again")
     assert not any(os.path.exists(p) for p in shm), "the dead engine's shared memory was left in /dev/shm"
+    wait_for(lambda: metric_value(scrape(server), "hybrid_engine_ready", model="vllm_backend") == 1, 10,
+             "hybrid_engine_ready{model=vllm_backend} back to 1")
     time.sleep(8.5)  # burst recovery window (4 s) / ratio window (8 s)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and breaker(server, "vllm_backend") != 0:

@@ -156,3 +156,25 @@ def test_cancel_stops_the_engine_request():
         assert t.stops == [("vllm_backend", t.stops[0][1])] and t.sent["x"]["text"] == ""
     finally:
         svc.stop()
+
+
+def test_an_engine_that_reports_itself_down_gets_no_traffic():
+    t = FakeTransport()
+    svc = service(t)
+    try:
+        svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\nhybrid_engine_ready{model="trtllm"} 1\n')
+        svc.refresh_health()
+        assert not svc.engines["vllm_backend"].ready and svc.engines["trtllm"].ready
+        svc.admit(job(10, 50.0), "down")
+        wait_done(t, ["down"])
+        assert t.sent["down"]["backend"] == "trtllm"
+        svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 1\n')
+        svc.refresh_health()
+        svc.admit(job(10, 50.0), "up")
+        wait_done(t, ["up"])
+        assert t.sent["up"]["backend"] == "vllm_backend"
+        svc.apply_metrics("")  # gauge absent (engine model not yet serving): readiness decides
+        svc.refresh_health()
+        assert svc.engines["vllm_backend"].ready
+    finally:
+        svc.stop()

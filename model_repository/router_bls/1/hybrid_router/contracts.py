@@ -15,6 +15,11 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 
+# Exported by each engine model (both contracts): 1 while its engine serves, 0 while it is
+# dead or restarting. Triton's own readiness stays READY while the stub lives.
+ENGINE_READY = "hybrid_engine_ready"
+
+
 class CancelCheck:
     """Rate-limits cancellation checks: each one is an IPC round trip to tritonserver,
     and checking on every streamed token cost ~20% of throughput at 16-64 streams."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import triton_adapter as ta
-from .contracts import InvalidInput
+from .contracts import ENGINE_READY, InvalidInput
 from .engine_host import EngineHost, EngineStatsSink, configure_cpu_environment, use_utf8_locale
 
 # Engine args that only mean something on GPU; dropped on the CPU platform.
@@ -77,6 +77,34 @@ class EngineModelBase:
         t0 = time.monotonic()
         self.host.start()
         self.log.info(f"{self.model_name}: engine ready in {time.monotonic() - t0:.1f} s")
+        # Triton keeps a Python model READY while its stub lives, so the engine's own
+        # state is exported: 1 while it serves, 0 while it is dead or restarting.
+        # The gauge is created at the first request: created now, it would read 0 until
+        # then (metric writes wait for serving) and the router would think it down.
+        self.metrics.family(ENGINE_READY, "1 while the model's engine process serves, 0 while it is "
+                            "dead or restarting.", "gauge")
+        self._ready_metric: Any = None
+        self._engine_up = True
+        self._stop_watch = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_engine, name="engine-watch", daemon=True)
+        self._watcher.start()
+
+    def _mark_engine(self, up: bool) -> None:
+        """Record whether the engine serves; exported once the model has served a request."""
+        self._engine_up = up
+        if self.metrics.is_serving:
+            value = 1.0 if up else 0.0
+            if self._ready_metric is None:
+                self._ready_metric = self.metrics.metric(ENGINE_READY, {"model": self.model_name}, initial=value)
+            self.metrics.set(self._ready_metric, value)
+
+    def _watch_engine(self, period_s: float = 0.5) -> None:
+        """Notice a dead engine without waiting for a request: mark it down and restart it."""
+        while not self._stop_watch.wait(period_s):
+            host = self.host
+            if host is not None and host.errored and not host.closed:
+                self._mark_engine(False)
+                self._ensure_restart()
 
     def _restart_engine(self) -> None:
         """Replace a dead engine with a new one (runs on its own thread)."""
@@ -99,6 +127,7 @@ class EngineModelBase:
             self.log.error(f"{self.model_name}: engine restart failed: {exc!r}")
             return
         self.host = new
+        self._mark_engine(True)
         self.log.info(f"{self.model_name}: engine restarted in {time.monotonic() - t0:.1f} s")
 
     def _ensure_restart(self) -> bool:
@@ -128,9 +157,12 @@ class EngineModelBase:
     def execute(self, requests: list[Any]) -> None:
         """Hand every request to the engine loop; responses go through each sender."""
         self.metrics.serving()
+        if self._ready_metric is None:
+            self._mark_engine(self._engine_up)
         for request in requests:
             sender = request.get_response_sender()
             if self.host.errored:
+                self._mark_engine(False)
                 if self._ensure_restart():
                     message = "the engine process has died and is being restarted; retry in about a minute"
                 else:
@@ -158,8 +190,8 @@ class EngineModelBase:
             self.log.error(f"request {request_id} failed: {exc!r}")
             try:
                 ta.send_error(sender, f"{self.model_name}: generation failed: {exc}", code)
-            except Exception:  # noqa: BLE001 - the client is already gone
-                pass
+            except Exception as send_exc:  # noqa: BLE001 - the client is already gone
+                self.log.warn(f"request {request_id}: could not send the error: {send_exc!r}")
         finally:
             self._open.pop(key, None)
 
@@ -174,6 +206,8 @@ class EngineModelBase:
         """Shut the engine down so that no engine process outlives the model."""
         self.log.info(f"{self.model_name}: shutting the engine down")
         self.restart_on_death = False
+        self._stop_watch.set()
+        self._watcher.join(timeout=5)
         if self._restarting is not None:
             self._restarting.join(timeout=300)
         try:

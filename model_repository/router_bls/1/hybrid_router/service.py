@@ -19,7 +19,7 @@ import numpy as np
 from . import prom
 from .breaker import BreakerState, CircuitBreaker
 from .config import RouterConfig
-from .contracts import CancelCheck
+from .contracts import ENGINE_READY, CancelCheck
 from .detok import IncrementalDetokenizer
 from .dispatch import Dispatcher, Ticket
 from .latency import LatencyWindow
@@ -79,7 +79,8 @@ class EngineState:
         self.breaker = CircuitBreaker(cfg, clock)
         self.ttft = LatencyWindow(cfg.latency_window_s, clock=clock)
         self.kv_usage = 0.0
-        self.ready = True
+        self.ready = True  # Triton says the model is ready and its engine reports itself up
+        self.engine_up = True  # the engine model's hybrid_engine_ready gauge (last scrape)
 
 
 class RouterService:
@@ -161,6 +162,9 @@ class RouterService:
             self.engines[VLLM].kv_usage = vllm_kv
         if trt_kv is not None:
             self.engines[TRTLLM].kv_usage = trt_kv
+        for e, st in self.engines.items():
+            up = prom.value(samples, ENGINE_READY, model=self.cfg.model_name(e))
+            st.engine_up = up is None or up > 0.5  # absent (not yet written): trust readiness
 
     def _poll_loop(self) -> None:
         import urllib.request
@@ -177,9 +181,13 @@ class RouterService:
                 failures += 1
                 if failures in (1, 100):
                     self.log(f"metrics poll of {self.cfg.metrics_url} failed: {exc!r}")
-            for e, st in self.engines.items():
-                st.ready = self._model_ready(self.cfg.model_name(e))
+            self.refresh_health()
             self._export_gauges()
+
+    def refresh_health(self) -> None:
+        """An engine is ready when Triton says its model is and its engine reports itself up."""
+        for e, st in self.engines.items():
+            st.ready = st.engine_up and self._model_ready(self.cfg.model_name(e))
 
     def _model_ready(self, model: str) -> bool:
         """Readiness from Triton's HTTP endpoint.

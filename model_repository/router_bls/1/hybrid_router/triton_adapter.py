@@ -146,6 +146,11 @@ class Metrics:
         if not self._serving.is_set():
             self._serving.set()
 
+    @property
+    def is_serving(self) -> bool:
+        """True once ``serving`` was called (metric writes are applied from then on)."""
+        return self._serving.is_set()
+
     def family(self, name: str, description: str, kind: str) -> None:
         """Declare a metric family (counter, gauge or histogram)."""
         if name not in self._families:
@@ -158,8 +163,10 @@ class Metrics:
                 name=name, description=description, kind=kinds[kind]
             )
 
-    def metric(self, name: str, labels: Mapping[str, str], buckets: Sequence[float] | None = None) -> Any:
-        """Get (or create) the metric of a family for a label set."""
+    def metric(self, name: str, labels: Mapping[str, str], buckets: Sequence[float] | None = None,
+               initial: float | None = None) -> Any:
+        """Get (or create) the metric of a family for a label set; a new gauge is set to
+        ``initial`` at once (never scraped at 0 before a queued write lands)."""
         key = (name, tuple(sorted(labels.items())))
         metric = self._metrics.get(key)
         if metric is None:
@@ -171,6 +178,8 @@ class Metrics:
                         metric = family.Metric(labels=dict(labels), buckets=list(buckets))
                     else:
                         metric = family.Metric(labels=dict(labels))
+                        if initial is not None:
+                            metric.set(initial)
                     self._metrics[key] = metric
         return metric
 
