@@ -60,18 +60,18 @@ def test_half_open_trial_then_close_or_reopen():
         b.record(False)
     for _ in range(5):
         b.record(True)
-    assert b.state is BreakerState.OPEN and not b.allow()
+    assert b.state is BreakerState.OPEN and not b.allow() and b.opened == 1
     c.t = 29.9
     assert not b.allow()
     c.t = 30.0  # burst rule's recovery window
     assert b.state is BreakerState.HALF_OPEN
     assert b.allow() and not b.allow()  # one trial at a time
     b.record(False)
-    assert b.state is BreakerState.OPEN
+    assert b.state is BreakerState.OPEN and b.opened == 2  # a failed trial re-opens it
     c.t = 60.0
     assert b.allow()
     b.record(True)
-    assert b.state is BreakerState.CLOSED and b.allow()
+    assert b.state is BreakerState.CLOSED and b.allow() and b.opened == 2
 
 
 def test_old_failures_leave_the_window():

@@ -178,3 +178,46 @@ def test_an_engine_that_reports_itself_down_gets_no_traffic():
         assert svc.engines["vllm_backend"].ready
     finally:
         svc.stop()
+
+
+class StuckTransport(FakeTransport):
+    """vllm_backend streams one piece, then its final response never arrives (as a dead
+    engine's error through BLS in Triton 2.51) until ``release`` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+        self.reached = threading.Event()
+
+    def _gen(self, model, inputs):
+        if model != "vllm_backend":
+            yield from super()._gen(model, inputs)
+            return
+        yield {"text_output": np.array([b"ab"], dtype=object), "num_output_tokens": np.array([2], dtype=np.uint32)}
+        self.reached.set()
+        self.release.wait(10)
+        yield {"text_output": np.array([b"zz"], dtype=object), "num_output_tokens": np.array([2], dtype=np.uint32)}
+
+
+def test_streams_on_an_engine_that_reports_itself_dead_are_ended_once():
+    t = StuckTransport()
+    svc = service(t)
+    try:
+        svc.admit(job(10, 50.0), "cut")
+        assert t.reached.wait(5)
+        assert svc.dispatcher.in_flight["vllm_backend"] == 1
+        svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n')
+        wait_done(t, ["cut"])
+        code, message = t.errors["cut"]
+        assert code == "UNAVAILABLE" and "died after 2 characters were streamed" in message
+        assert t.sent["cut"]["text"] == "ab"
+        assert svc.dispatcher.in_flight["vllm_backend"] == 0  # the slot is free at once
+        t.release.set()  # the stuck reader wakes up later: nothing more reaches the client
+        time.sleep(0.2)
+        assert t.sent["cut"]["text"] == "ab" and not t.sent["cut"]["final"]
+        assert svc.dispatcher.in_flight["vllm_backend"] == 0  # and the slot is not freed twice
+        assert svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n') is None
+        assert svc.end_streams_on("vllm_backend") == 0  # nothing left to end
+    finally:
+        t.release.set()
+        svc.stop()

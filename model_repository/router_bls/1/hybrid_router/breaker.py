@@ -38,6 +38,7 @@ class CircuitBreaker:
         self._recovery_s = cfg.breaker_window_s
         self._trial_in_flight = False
         self._lock = threading.Lock()
+        self.opened = 0  # how many times it has opened (monotonic; exported as a counter)
 
     def _trim(self, now: float) -> None:
         horizon = now - max(self.cfg.breaker_window_s, self.cfg.breaker_burst_window_s)
@@ -104,6 +105,7 @@ class CircuitBreaker:
             self._open(now, cfg.breaker_burst_window_s)
 
     def _open(self, now: float, recovery_s: float) -> None:
+        self.opened += 1
         self._state = BreakerState.OPEN
         self._opened_at = now
         self._recovery_s = recovery_s

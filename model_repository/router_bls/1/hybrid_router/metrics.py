@@ -31,6 +31,8 @@ FAMILIES = (
     ("router_queue_depth", "Requests waiting in the router queue, by priority class.", "gauge"),
     ("router_engine_weight", "Engine weight (0 unhealthy .. 100).", "gauge"),
     ("router_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.", "gauge"),
+    ("router_breaker_opened_total", "Times the circuit breaker opened (re-opens after a failed trial too).",
+     "counter"),
     ("router_kv_cache_usage", "KV-cache block usage of the engine (0..1), from Triton's metrics.", "gauge"),
     ("router_gpu_memory_used_bytes", "GPU memory used per device (NVML; absent without a GPU).", "gauge"),
     ("router_gpu_memory_total_bytes", "GPU memory per device (NVML; absent without a GPU).", "gauge"),
@@ -90,6 +92,10 @@ class RouterMetrics:
         self.w.observe(self._m("router_e2e_seconds", {"engine": engine}, self.latency_buckets), e2e_s)
         if tpot_s is not None:
             self.w.observe(self._m("router_tpot_seconds", {"engine": engine}, self.tpot_buckets), tpot_s)
+
+    def breaker_opened(self, engine: str, times: int) -> None:
+        """The engine's breaker opened ``times`` more times."""
+        self.w.inc(self._m("router_breaker_opened_total", {"engine": engine}), times)
 
     def engine_gauges(self, engine: str, weight: float, breaker: int, kv_usage: float, in_flight: int) -> None:
         """Per-engine gauges (exported by the poller)."""

@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -70,6 +70,12 @@ class Pending:
     sender: Any
     decision: Decision
     arrived: float
+    # Set when the router itself ended the stream (its engine died mid-stream): later
+    # responses are dropped and the engines whose slots were already released are listed.
+    ended: bool = False
+    released: set = field(default_factory=set)
+    emitted: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class EngineState:
@@ -112,6 +118,9 @@ class RouterService:
         self._serving = threading.Event()
         self._nvml: Any = None  # None: not tried yet; False: unavailable
         self._poller: threading.Thread | None = None
+        self._live: dict[int, tuple[str, Pending]] = {}  # id(pending) -> (engine, pending) streaming
+        self._live_lock = threading.Lock()
+        self._opened_seen: dict[str, int] = {}  # breaker openings already exported
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self, poll: bool = True) -> None:
@@ -164,7 +173,9 @@ class RouterService:
             self.engines[TRTLLM].kv_usage = trt_kv
         for e, st in self.engines.items():
             up = prom.value(samples, ENGINE_READY, model=self.cfg.model_name(e))
-            st.engine_up = up is None or up > 0.5  # absent (not yet written): trust readiness
+            was_up, st.engine_up = st.engine_up, up is None or up > 0.5  # absent: trust readiness
+            if was_up and not st.engine_up:
+                self.end_streams_on(e)
 
     def _poll_loop(self) -> None:
         import urllib.request
@@ -230,6 +241,10 @@ class RouterService:
         self._gpu_memory()
         stats = self.engine_stats()
         for e, st in stats.items():
+            opened = self.engines[e].breaker.opened
+            if opened > self._opened_seen.get(e, 0):
+                self.metrics.breaker_opened(e, opened - self._opened_seen.get(e, 0))
+                self._opened_seen[e] = opened
             self.metrics.engine_gauges(e, weight=engine_weight(st, self.cfg),
                                        breaker=int(self.engines[e].breaker.state),
                                        kv_usage=st.kv_usage, in_flight=st.in_flight)
@@ -271,7 +286,7 @@ class RouterService:
                         self.transport.send_error(pending.sender, "both engines failed before producing "
                                                   "a token; retry later", "UNAVAILABLE")
                 finally:
-                    self.dispatcher.complete(target)
+                    self._complete(pending, target)
         except Exception as exc:  # noqa: BLE001 - a stream must always end with FINAL
             self.log(f"request {pending.job.request_id}: router error {exc!r}")
             try:
@@ -279,10 +294,17 @@ class RouterService:
             except Exception:  # noqa: BLE001 - the client is gone
                 pass
         finally:
-            self.dispatcher.complete(engine)
+            self._complete(pending, engine)
 
     def _serve(self, p: Pending, engine: str, allow_failover: bool = True) -> str:
-        """Stream one attempt; returns 'done', 'cancelled', 'error' or 'failover'."""
+        """Stream one attempt; returns 'done', 'cancelled', 'error', 'failover' or 'abandoned'."""
+        try:
+            return self._attempt(p, engine, allow_failover)
+        finally:
+            with self._live_lock:
+                self._live.pop(id(p), None)
+
+    def _attempt(self, p: Pending, engine: str, allow_failover: bool) -> str:
         job, st = p.job, self.engines[engine]
         model = self.cfg.model_name(engine)
         if not st.breaker.allow() or not st.ready:
@@ -300,12 +322,16 @@ class RouterService:
         first = None
         stopped = False
         cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender))
+        with self._live_lock:
+            self._live[id(p)] = (engine, p)
         try:
             for out in self.transport.stream(model, inputs, request_id, outputs):
+                if p.ended:
+                    return "abandoned"  # the router ended it: the engine died mid-stream
                 if cancelled():
                     self._stop_engine(engine, model, request_id)
                     self.metrics.cancelled(engine)
-                    self.transport.send(p.sender, None, final=True)
+                    self._send(p, None, final=True)
                     st.breaker.record(True)
                     return "cancelled"
                 if detok is not None:
@@ -333,11 +359,15 @@ class RouterService:
                     hold = 0 if stopped or not job.stop_words else _stop_holdback(full, job.stop_words)
                     delta = full[emitted:len(full) - hold]
                     if delta:
-                        self.transport.send(p.sender, self._outputs(job, delta, engine, None), final=False)
+                        if not self._send(p, self._outputs(job, delta, engine, None), final=False):
+                            return "abandoned"
                         emitted += len(delta)
+                        p.emitted = emitted
                 if stopped:
                     break
         except EngineError as exc:
+            if p.ended:
+                return "abandoned"
             client_error = exc.code == "INVALID_ARG"
             st.breaker.record(client_error)
             if first is None and allow_failover and not client_error and self._other_up(engine):
@@ -353,19 +383,72 @@ class RouterService:
                               None if first is None or n_out < 2 else (t_end - first) / (n_out - 1))
         if job.stream:
             rest = full[emitted:]
-            self.transport.send(p.sender, self._outputs(job, rest, engine, n_out), final=True)
+            sent = self._send(p, self._outputs(job, rest, engine, n_out), final=True)
         else:
             text = full if job.exclude_input else job.prompt + full
-            self.transport.send(p.sender, self._outputs(job, text, engine, n_out), final=True)
-        return "done"
+            sent = self._send(p, self._outputs(job, text, engine, n_out), final=True)
+        return "done" if sent else "abandoned"
+
+    def end_streams_on(self, engine: str) -> int:
+        """End every stream in flight on an engine that reported itself dead.
+
+        Triton 2.51 does not deliver an engine's error response to a BLS stream that has
+        already produced tokens, so without this those clients would wait forever. The
+        reader thread stays in the BLS iterator; whatever it gets later is dropped.
+        Returns how many streams were ended.
+        """
+        with self._live_lock:
+            victims = [p for e, p in self._live.values() if e == engine]
+        model, ended = self.cfg.model_name(engine), 0
+        for p in victims:
+            with p.lock:
+                if p.ended:
+                    continue
+                p.ended = True
+                p.released.add(engine)
+                where = "before the first token" if p.emitted == 0 else f"after {p.emitted} characters were streamed"
+                try:
+                    self.transport.send_error(p.sender, f"engine {model} died {where}; retry the request",
+                                              "UNAVAILABLE")
+                except Exception:  # noqa: BLE001 - the client is already gone
+                    pass
+            ended += 1
+            self.engines[engine].breaker.record(False)
+            self.metrics.errored(engine, "UNAVAILABLE")
+            self.dispatcher.complete(engine)
+        if ended:
+            self.log(f"engine {model} reported itself dead: ended {ended} streams in flight on it")
+        return ended
+
+    def _send(self, p: Pending, outputs: Mapping[str, np.ndarray] | None, final: bool) -> bool:
+        """Send one response unless the router already ended this stream."""
+        with p.lock:
+            if p.ended:
+                return False
+            self.transport.send(p.sender, outputs, final=final)
+            if final:
+                p.ended = True
+            return True
+
+    def _complete(self, p: Pending, engine: str) -> None:
+        """Give back the engine slot, unless ``end_streams_on`` already did."""
+        with p.lock:
+            if engine in p.released:
+                return
+            p.released.add(engine)
+        self.dispatcher.complete(engine)
 
     def _other_up(self, engine: str) -> bool:
         st = self.engines[other(engine)]
         return st.ready and st.breaker.available()
 
     def _fail(self, p: Pending, engine: str, message: str, code: str) -> str:
+        with p.lock:
+            if p.ended:
+                return "abandoned"
+            p.ended = True
+            self.transport.send_error(p.sender, message, code)
         self.metrics.errored(engine, code)
-        self.transport.send_error(p.sender, message, code)
         return "error"
 
     def _stop_engine(self, engine: str, model: str, request_id: str) -> None:
