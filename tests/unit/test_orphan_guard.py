@@ -21,11 +21,29 @@ def _gone(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
         return False
 
 
+def _guard_process(owner: subprocess.Popen, target: subprocess.Popen,
+                   server: subprocess.Popen | None = None) -> subprocess.Popen:
+    """Launch orphan_guard.py as a process, the way ``start_guard`` does."""
+    args = [sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
+            f"{target.pid}:{og.start_time(target.pid)}"]
+    if server is not None:
+        args += ["--server", f"{server.pid}:{og.start_time(server.pid)}"]
+    return subprocess.Popen(args)
+
+
+def _mapper(name: str) -> subprocess.Popen:
+    """A process that creates and maps a /dev/shm file, then sleeps."""
+    code = ("import mmap,os,time; fd=os.open(%r, os.O_CREAT|os.O_RDWR); os.ftruncate(fd, 4096); "
+            "m=mmap.mmap(fd, 4096); print('ok', flush=True); time.sleep(60)") % name
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ok"
+    return p
+
+
 def test_targets_die_with_their_owner() -> None:
     owner, target = _sleeper(), _sleeper()
     try:
-        guard = subprocess.Popen([sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
-                                  f"{target.pid}:{og.start_time(target.pid)}"])
+        guard = _guard_process(owner, target)
         time.sleep(1.5)
         assert target.poll() is None  # owner alive: nothing happens
         owner.kill()
@@ -40,9 +58,7 @@ def test_targets_die_with_their_owner() -> None:
 def test_owner_and_targets_die_when_the_server_above_them_dies() -> None:
     server, owner, target = _sleeper(), _sleeper(), _sleeper()
     try:
-        guard = subprocess.Popen([sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
-                                  f"{target.pid}:{og.start_time(target.pid)}",
-                                  "--server", f"{server.pid}:{og.start_time(server.pid)}"])
+        guard = _guard_process(owner, target, server)
         time.sleep(1.5)
         assert owner.poll() is None and target.poll() is None  # server alive: nothing happens
         server.kill()
@@ -58,9 +74,7 @@ def test_owner_and_targets_die_when_the_server_above_them_dies() -> None:
 def test_a_dead_owner_does_not_take_the_server_down() -> None:
     server, owner, target = _sleeper(), _sleeper(), _sleeper()
     try:
-        guard = subprocess.Popen([sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
-                                  f"{target.pid}:{og.start_time(target.pid)}",
-                                  "--server", f"{server.pid}:{og.start_time(server.pid)}"])
+        guard = _guard_process(owner, target, server)
         owner.kill()
         owner.wait()
         assert _gone(target)
@@ -74,8 +88,7 @@ def test_a_dead_owner_does_not_take_the_server_down() -> None:
 def test_guard_exits_when_targets_end_on_their_own() -> None:
     owner, target = _sleeper(), _sleeper()
     try:
-        guard = subprocess.Popen([sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
-                                  f"{target.pid}:{og.start_time(target.pid)}"])
+        guard = _guard_process(owner, target)
         target.kill()
         target.wait()
         assert guard.wait(10) == 0
@@ -120,26 +133,14 @@ def test_shm_files_mapped_by_a_process_are_found_and_removed(tmp_path) -> None:
     from pathlib import Path
 
     name = f"/dev/shm/hybrid_test_{os.getpid()}"
-    code = ("import mmap,os,time; fd=os.open(%r, os.O_CREAT|os.O_RDWR); os.ftruncate(fd, 4096); "
-            "m=mmap.mmap(fd, 4096); print('ok', flush=True); time.sleep(60)") % name
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    p = _mapper(name)
     try:
-        assert p.stdout.readline().strip() == "ok"
         assert name in og.shm_paths([p.pid])
     finally:
         p.kill()
         p.wait()
     assert og.unlink_all([name, name + "_missing"]) == 1
     assert not Path(name).exists()
-
-
-def _mapper(name: str) -> subprocess.Popen:
-    """A process that creates and maps a /dev/shm file, then sleeps."""
-    code = ("import mmap,os,time; fd=os.open(%r, os.O_CREAT|os.O_RDWR); os.ftruncate(fd, 4096); "
-            "m=mmap.mmap(fd, 4096); print('ok', flush=True); time.sleep(60)") % name
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "ok"
-    return p
 
 
 def test_after_a_server_crash_the_stubs_shared_memory_goes_too() -> None:
@@ -149,9 +150,7 @@ def test_after_a_server_crash_the_stubs_shared_memory_goes_too() -> None:
     owner_file = f"/dev/shm/hybrid_owner_{os.getpid()}"
     server, owner, target = _sleeper(), _mapper(owner_file), _sleeper()
     try:
-        guard = subprocess.Popen([sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
-                                  f"{target.pid}:{og.start_time(target.pid)}",
-                                  "--server", f"{server.pid}:{og.start_time(server.pid)}"])
+        guard = _guard_process(owner, target, server)
         time.sleep(1.5)
         assert Path(owner_file).exists()  # server alive: the stub's files are left alone
         server.kill()

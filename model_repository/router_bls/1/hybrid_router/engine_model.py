@@ -96,7 +96,8 @@ class EngineModelBase:
             value = 1.0 if up else 0.0
             if self._ready_metric is None:
                 self._ready_metric = self.metrics.metric(ENGINE_READY, {"model": self.model_name}, initial=value)
-            self.metrics.set(self._ready_metric, value)
+            else:
+                self.metrics.set(self._ready_metric, value)
 
     def _watch_engine(self, period_s: float = 0.5) -> None:
         """Notice a dead engine without waiting for a request: mark it down and restart it."""

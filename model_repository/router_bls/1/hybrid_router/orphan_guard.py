@@ -111,8 +111,7 @@ def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: floa
         if owner_dead or server_dead:
             roots = [pid for pid, _ in live]
             if not owner_dead:
-                roots.append(owner[0])
-                shm |= set(shm_paths([owner[0]]))  # the stub's too: nobody else will use them
+                roots.append(owner[0])  # its files go too: nobody else will use them
             shm |= set(shm_paths(roots))
             victims = tree(roots)
             for pid in victims:

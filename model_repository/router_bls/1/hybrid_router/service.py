@@ -401,21 +401,16 @@ class RouterService:
             victims = [p for e, p in self._live.values() if e == engine]
         model, ended = self.cfg.model_name(engine), 0
         for p in victims:
-            with p.lock:
-                if p.ended:
-                    continue
-                p.ended = True
-                p.released.add(engine)
-                where = "before the first token" if p.emitted == 0 else f"after {p.emitted} characters were streamed"
-                try:
-                    self.transport.send_error(p.sender, f"engine {model} died {where}; retry the request",
-                                              "UNAVAILABLE")
-                except Exception:  # noqa: BLE001 - the client is already gone
-                    pass
+            where = "before the first token" if p.emitted == 0 else f"after {p.emitted} characters were streamed"
+            try:
+                outcome = self._fail(p, engine, f"engine {model} died {where}; retry the request", "UNAVAILABLE")
+            except Exception:  # noqa: BLE001 - the client is already gone; the stream is ended all the same
+                outcome = "error"
+            if outcome == "abandoned":
+                continue  # it finished or was ended meanwhile
             ended += 1
             self.engines[engine].breaker.record(False)
-            self.metrics.errored(engine, "UNAVAILABLE")
-            self.dispatcher.complete(engine)
+            self._complete(p, engine)
         if ended:
             self.log(f"engine {model} reported itself dead: ended {ended} streams in flight on it")
         return ended
@@ -447,8 +442,8 @@ class RouterService:
             if p.ended:
                 return "abandoned"
             p.ended = True
+            self.metrics.errored(engine, code)  # counted even if the client is gone
             self.transport.send_error(p.sender, message, code)
-        self.metrics.errored(engine, code)
         return "error"
 
     def _stop_engine(self, engine: str, model: str, request_id: str) -> None:
