@@ -38,18 +38,22 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     assert cores, "no VLLM::EngineCore found under the vllm_backend stub"
     shm = shm_paths(cores)
     # Streams in flight on vllm_backend when its engine dies.
-    long_req = GenerationRequest("keep talking", max_tokens=600, temperature=0.0)
+    # (A prompt the generated model does not end early: "keep talking" sometimes hit EOS
+    # within a few tokens, so the streams were gone before the kill.)
+    long_req = GenerationRequest("tell me a long story", max_tokens=1000, temperature=0.0)
     streams = cf.ThreadPoolExecutor(IN_FLIGHT)
     in_flight = [streams.submit(stream_grpc, server.grpc_url, "router_bls", router_tensors(long_req),
                                 timeout_s=120) for _ in range(IN_FLIGHT)]
-    wait_for(lambda: metric_value(scrape(server), "router_in_flight", engine="vllm_backend") >= IN_FLIGHT,
-             30, f"{IN_FLIGHT} streams in flight on vllm_backend")
+    wait_for(lambda: metric_value(scrape(server), "router_in_flight", engine="vllm_backend") >= IN_FLIGHT
+             or any(f.done() for f in in_flight), 30, f"{IN_FLIGHT} streams in flight on vllm_backend")
+    assert not any(f.done() for f in in_flight), [f.result().as_dict() for f in in_flight if f.done()]
     time.sleep(1.0)
     for pid in cores:
         os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
     # A burst of requests right after the kill, before anyone has noticed: each fails on the
-    # dead engine before its first token, fails over to trtllm, and counts for the breaker.
+    # dead engine before its first token (or is taken off it when the engine reports itself
+    # dead), fails over to trtllm, and counts for the breaker.
     req = GenerationRequest("right after the kill", max_tokens=8, temperature=0.0, latency_sla_ms=50.0)
     with cf.ThreadPoolExecutor(BURST) as pool:
         burst = list(pool.map(lambda _: stream_grpc(server.grpc_url, "router_bls", router_tensors(req),

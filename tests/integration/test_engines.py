@@ -98,13 +98,18 @@ def test_cancelling_a_vllm_stream_stops_generation(server):
     labels = {"model": "vllm_backend"}
     aborted0 = metric_value(scrape(server), "vllm:request_aborted_total", **labels)
     gen0 = _wait_stable(server, "vllm:generation_tokens_total", **labels)
+    n = 3000
     r = \
         stream_grpc(server.grpc_url, "vllm_backend",
-                    vllm_tensors(GenerationRequest("tell me a long story", max_tokens=1000, temperature=0.0)),
+                    vllm_tensors(GenerationRequest("tell me a long story", max_tokens=n, temperature=0.0)),
                     cancel_after_chunks=3, timeout_s=60)
     assert r.cancelled
     gen1 = _wait_stable(server, "vllm:generation_tokens_total", **labels)
-    assert gen1 - gen0 < 500, "the engine kept generating after the client cancelled"
+    # vLLM merges deltas the model has not read yet, so the 3 chunks the client saw may hold
+    # many tokens (seen once on CI: the whole answer). What is asserted: the engine stopped
+    # well short of max_tokens, soon after what the client had received.
+    received = r.num_output_tokens or 0
+    assert gen1 - gen0 < min(received + 500, n), (gen1 - gen0, received)
     assert metric_value(scrape(server), "vllm:request_aborted_total", **labels) == aborted0 + 1
     assert metric_value(scrape(server), "vllm:num_requests_running", **labels) == 0
 

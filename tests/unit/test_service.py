@@ -189,14 +189,55 @@ class StuckTransport(FakeTransport):
         self.release = threading.Event()
         self.reached = threading.Event()
 
+    first = (b"ab",)  # what vllm_backend streams before it gets stuck
+
     def _gen(self, model, inputs):
         if model != "vllm_backend":
             yield from super()._gen(model, inputs)
             return
-        yield {"text_output": np.array([b"ab"], dtype=object), "num_output_tokens": np.array([2], dtype=np.uint32)}
+        for piece in self.first:
+            yield {"text_output": np.array([piece], dtype=object), "num_output_tokens": np.array([2], dtype=np.uint32)}
         self.reached.set()
         self.release.wait(10)
         yield {"text_output": np.array([b"zz"], dtype=object), "num_output_tokens": np.array([2], dtype=np.uint32)}
+
+
+def test_requests_with_nothing_sent_move_to_the_other_engine_when_theirs_dies():
+    t = StuckTransport()
+    t.first = ()  # stuck before the first token
+    svc = service(t)
+    try:
+        svc.admit(job(10, 50.0), "moved")
+        assert t.reached.wait(5)
+        svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n')
+        wait_done(t, ["moved"])
+        assert "moved" not in t.errors
+        assert t.sent["moved"] == {"text": "abcdef", "final": True, "backend": "trtllm"}
+        assert svc.dispatcher.in_flight == {"vllm_backend": 0, "trtllm": 0}
+        t.release.set()  # the stuck reader wakes up later: nothing of it reaches the client
+        time.sleep(0.2)
+        assert t.sent["moved"]["text"] == "abcdef" and "moved" not in t.errors
+        assert svc.dispatcher.in_flight == {"vllm_backend": 0, "trtllm": 0}
+    finally:
+        t.release.set()
+        svc.stop()
+
+
+def test_a_request_already_failed_over_is_not_moved_again():
+    t = StuckTransport()
+    t.first = ()
+    svc = service(t)
+    try:
+        svc.admit(job(10, 50.0), "once")
+        assert t.reached.wait(5)
+        svc._live[next(iter(svc._live))].failed_over = True  # as if it were already a failover
+        svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n')
+        wait_done(t, ["once"])
+        code, message = t.errors["once"]
+        assert code == "UNAVAILABLE" and "died before the first token" in message
+    finally:
+        t.release.set()
+        svc.stop()
 
 
 def test_streams_on_an_engine_that_reports_itself_dead_are_ended_once():

@@ -70,12 +70,21 @@ class Pending:
     sender: Any
     decision: Decision
     arrived: float
-    # Set when the router itself ended the stream (its engine died mid-stream): later
-    # responses are dropped and the engines whose slots were already released are listed.
+    # ``ended``: the stream got its FINAL (or error); later responses are dropped.
+    # ``current``: the engine whose attempt may still answer; an attempt that is no longer
+    # current (its engine died and the request moved on) is dropped the same way.
+    # ``released``: engines whose slot was already given back.
     ended: bool = False
+    current: str | None = None
+    sent: bool = False  # something reached the client: failing over would duplicate it
+    failed_over: bool = False
     released: set = field(default_factory=set)
     emitted: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def stale(self, engine: str) -> bool:
+        """True when an attempt on ``engine`` may no longer answer the client."""
+        return self.ended or self.current != engine
 
 
 class EngineState:
@@ -112,13 +121,15 @@ class RouterService:
             on_release=self._on_release,
             clock=clock,
         )
-        self.pool = ThreadPoolExecutor(max_workers=cfg.trtllm_capacity + cfg.vllm_capacity + 8,
+        # Generous: a reader stuck in a BLS iterator on a dead engine (Triton 2.51 never
+        # ends it) keeps its thread after its slot was released (``end_streams_on``).
+        self.pool = ThreadPoolExecutor(max_workers=4 * (cfg.trtllm_capacity + cfg.vllm_capacity) + 64,
                                        thread_name_prefix="router-stream")
         self._stop = threading.Event()
         self._serving = threading.Event()
         self._nvml: Any = None  # None: not tried yet; False: unavailable
         self._poller: threading.Thread | None = None
-        self._live: dict[int, tuple[str, Pending]] = {}  # id(pending) -> (engine, pending) streaming
+        self._live: dict[tuple[int, str], Pending] = {}  # (id(pending), engine) -> pending, streaming
         self._live_lock = threading.Lock()
         self._opened_seen: dict[str, int] = {}  # breaker openings already exported
 
@@ -271,38 +282,48 @@ class RouterService:
         self.metrics.queue_wait(ticket.priority, ticket.wait_s)
         self.pool.submit(self._run, ticket.payload, ticket.engine)
 
-    def _run(self, pending: Pending, engine: str) -> None:
-        """Serve one request on ``engine``; fail over once if it fails before the first token."""
+    def _run(self, pending: Pending, engine: str, moved: bool = False) -> None:
+        """Serve one request on ``engine``; fail over once if it fails before the first token.
+
+        ``moved``: ``engine`` died under the request before anything reached the client
+        (``end_streams_on``); go straight to the other engine.
+        """
         try:
-            outcome = self._serve(pending, engine)
-            if outcome == "failover":
-                target = other(engine)
-                self.metrics.failover(engine, target)
-                self.log(f"request {pending.job.request_id}: {engine} failed before the first token; "
-                         f"failing over to {target}")
-                self.dispatcher.acquire(target)
-                try:
-                    if self._serve(pending, target, allow_failover=False) == "failover":
-                        self.transport.send_error(pending.sender, "both engines failed before producing "
-                                                  "a token; retry later", "UNAVAILABLE")
-                finally:
-                    self._complete(pending, target)
+            if moved or self._serve(pending, engine) == "failover":
+                self._fail_over(pending, engine)
         except Exception as exc:  # noqa: BLE001 - a stream must always end with FINAL
             self.log(f"request {pending.job.request_id}: router error {exc!r}")
             try:
-                self.transport.send_error(pending.sender, f"router error: {exc}", "INTERNAL")
+                self._fail(pending, engine, f"router error: {exc}", "INTERNAL", any_attempt=True)
             except Exception:  # noqa: BLE001 - the client is gone
                 pass
         finally:
             self._complete(pending, engine)
 
+    def _fail_over(self, p: Pending, engine: str) -> None:
+        """Serve ``p`` on the other engine (once; it is never retried again)."""
+        target = other(engine)
+        p.failed_over = True
+        self.metrics.failover(engine, target)
+        self.log(f"request {p.job.request_id}: {engine} failed before the first token; failing over to {target}")
+        self.dispatcher.acquire(target)
+        try:
+            if self._serve(p, target, allow_failover=False) == "failover":
+                self._fail(p, target, "both engines failed before producing a token; retry later", "UNAVAILABLE")
+        finally:
+            self._complete(p, target)
+
     def _serve(self, p: Pending, engine: str, allow_failover: bool = True) -> str:
         """Stream one attempt; returns 'done', 'cancelled', 'error', 'failover' or 'abandoned'."""
+        with p.lock:
+            if p.ended:
+                return "abandoned"
+            p.current = engine
         try:
             return self._attempt(p, engine, allow_failover)
         finally:
             with self._live_lock:
-                self._live.pop(id(p), None)
+                self._live.pop((id(p), engine), None)
 
     def _attempt(self, p: Pending, engine: str, allow_failover: bool) -> str:
         job, st = p.job, self.engines[engine]
@@ -323,15 +344,15 @@ class RouterService:
         stopped = False
         cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender))
         with self._live_lock:
-            self._live[id(p)] = (engine, p)
+            self._live[(id(p), engine)] = p
         try:
             for out in self.transport.stream(model, inputs, request_id, outputs):
-                if p.ended:
-                    return "abandoned"  # the router ended it: the engine died mid-stream
+                if p.stale(engine):
+                    return "abandoned"  # the router ended it or moved it: the engine died
                 if cancelled():
                     self._stop_engine(engine, model, request_id)
                     self.metrics.cancelled(engine)
-                    self._send(p, None, final=True)
+                    self._send(p, engine, None, final=True)
                     st.breaker.record(True)
                     return "cancelled"
                 if detok is not None:
@@ -359,14 +380,14 @@ class RouterService:
                     hold = 0 if stopped or not job.stop_words else _stop_holdback(full, job.stop_words)
                     delta = full[emitted:len(full) - hold]
                     if delta:
-                        if not self._send(p, self._outputs(job, delta, engine, None), final=False):
+                        if not self._send(p, engine, self._outputs(job, delta, engine, None), final=False):
                             return "abandoned"
                         emitted += len(delta)
                         p.emitted = emitted
                 if stopped:
                     break
         except EngineError as exc:
-            if p.ended:
+            if p.stale(engine):
                 return "abandoned"
             client_error = exc.code == "INVALID_ARG"
             st.breaker.record(client_error)
@@ -383,44 +404,56 @@ class RouterService:
                               None if first is None or n_out < 2 else (t_end - first) / (n_out - 1))
         if job.stream:
             rest = full[emitted:]
-            sent = self._send(p, self._outputs(job, rest, engine, n_out), final=True)
+            sent = self._send(p, engine, self._outputs(job, rest, engine, n_out), final=True)
         else:
             text = full if job.exclude_input else job.prompt + full
-            sent = self._send(p, self._outputs(job, text, engine, n_out), final=True)
+            sent = self._send(p, engine, self._outputs(job, text, engine, n_out), final=True)
         return "done" if sent else "abandoned"
 
     def end_streams_on(self, engine: str) -> int:
-        """End every stream in flight on an engine that reported itself dead.
+        """Take every request in flight off an engine that reported itself dead.
 
-        Triton 2.51 does not deliver an engine's error response to a BLS stream that has
-        already produced tokens, so without this those clients would wait forever. The
-        reader thread stays in the BLS iterator; whatever it gets later is dropped.
-        Returns how many streams were ended.
+        Triton 2.51 does not deliver an engine's error response to a BLS stream, so without
+        this those clients would wait forever. A request that has sent nothing to its
+        client yet moves to the other engine (once, as any failover); the others end
+        with UNAVAILABLE. The reader thread stays in the BLS iterator; whatever it gets
+        later is dropped. Returns how many requests were taken off.
         """
         with self._live_lock:
-            victims = [p for e, p in self._live.values() if e == engine]
-        model, ended = self.cfg.model_name(engine), 0
+            victims = [p for (_, e), p in self._live.items() if e == engine]
+        model, ended, moved = self.cfg.model_name(engine), 0, 0
         for p in victims:
+            with p.lock:
+                if p.stale(engine):
+                    continue  # it finished or was taken off meanwhile
+                move = not p.sent and not p.failed_over and self._other_up(engine)
+                if move:
+                    p.current = None  # the stuck attempt may no longer answer
+            self.engines[engine].breaker.record(False)
+            if move:
+                moved += 1
+                self._complete(p, engine)
+                self.pool.submit(self._run, p, engine, True)
+                continue
             where = "before the first token" if p.emitted == 0 else f"after {p.emitted} characters were streamed"
             try:
-                outcome = self._fail(p, engine, f"engine {model} died {where}; retry the request", "UNAVAILABLE")
+                self._fail(p, engine, f"engine {model} died {where}; retry the request", "UNAVAILABLE")
             except Exception:  # noqa: BLE001 - the client is already gone; the stream is ended all the same
-                outcome = "error"
-            if outcome == "abandoned":
-                continue  # it finished or was ended meanwhile
+                pass
             ended += 1
-            self.engines[engine].breaker.record(False)
             self._complete(p, engine)
-        if ended:
-            self.log(f"engine {model} reported itself dead: ended {ended} streams in flight on it")
-        return ended
+        if ended or moved:
+            self.log(f"engine {model} reported itself dead: {moved} requests moved to {other(engine)}, "
+                     f"{ended} streams ended")
+        return ended + moved
 
-    def _send(self, p: Pending, outputs: Mapping[str, np.ndarray] | None, final: bool) -> bool:
-        """Send one response unless the router already ended this stream."""
+    def _send(self, p: Pending, engine: str, outputs: Mapping[str, np.ndarray] | None, final: bool) -> bool:
+        """Send one response of the attempt on ``engine`` unless that attempt was taken off."""
         with p.lock:
-            if p.ended:
+            if p.stale(engine):
                 return False
             self.transport.send(p.sender, outputs, final=final)
+            p.sent = True
             if final:
                 p.ended = True
             return True
@@ -437,9 +470,10 @@ class RouterService:
         st = self.engines[other(engine)]
         return st.ready and st.breaker.available()
 
-    def _fail(self, p: Pending, engine: str, message: str, code: str) -> str:
+    def _fail(self, p: Pending, engine: str, message: str, code: str, any_attempt: bool = False) -> str:
+        """End the stream with an error (only from its current attempt, unless ``any_attempt``)."""
         with p.lock:
-            if p.ended:
+            if p.ended or (not any_attempt and p.current != engine):
                 return "abandoned"
             p.ended = True
             self.metrics.errored(engine, code)  # counted even if the client is gone
