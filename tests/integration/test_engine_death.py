@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -37,17 +38,24 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     cores = server.engine_core_pids("vllm_backend")
     assert cores, "no VLLM::EngineCore found under the vllm_backend stub"
     shm = shm_paths(cores)
-    # Streams in flight on vllm_backend when its engine dies.
+    # Streams in flight on vllm_backend when its engine dies, each with text already sent.
     # (A prompt the generated model does not end early: "keep talking" sometimes hit EOS
-    # within a few tokens, so the streams were gone before the kill.)
+    # within a few tokens.) On a fresh clone the engines' compile caches are cold and the
+    # first batch of 6 took 11 s to its first token, so wait on first tokens, not a clock.
     long_req = GenerationRequest("tell me a long story", max_tokens=1000, temperature=0.0)
+    started = threading.Semaphore(0)
+
+    def on_chunk(r):
+        if len(r.chunks) == 1:
+            started.release()
+
     streams = cf.ThreadPoolExecutor(IN_FLIGHT)
+    t_submit = time.monotonic()
     in_flight = [streams.submit(stream_grpc, server.grpc_url, "router_bls", router_tensors(long_req),
-                                timeout_s=120) for _ in range(IN_FLIGHT)]
-    wait_for(lambda: metric_value(scrape(server), "router_in_flight", engine="vllm_backend") >= IN_FLIGHT
-             or any(f.done() for f in in_flight), 30, f"{IN_FLIGHT} streams in flight on vllm_backend")
+                                timeout_s=180, on_chunk=on_chunk) for _ in range(IN_FLIGHT)]
+    for _ in range(IN_FLIGHT):
+        assert started.acquire(timeout=90), "a long stream got no first token within 90 s"
     assert not any(f.done() for f in in_flight), [f.result().as_dict() for f in in_flight if f.done()]
-    time.sleep(1.0)
     for pid in cores:
         os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
@@ -57,7 +65,7 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     req = GenerationRequest("right after the kill", max_tokens=8, temperature=0.0, latency_sla_ms=50.0)
     with cf.ThreadPoolExecutor(BURST) as pool:
         burst = list(pool.map(lambda _: stream_grpc(server.grpc_url, "router_bls", router_tensors(req),
-                                                    timeout_s=30), range(BURST)))
+                                                    timeout_s=90), range(BURST)))
     assert all(r.ok and r.backend == "trtllm" for r in burst), [r.error for r in burst if not r.ok]
     # The model notices by itself (no request needed) and reports its engine down.
     wait_for(lambda: metric_value(scrape(server), "hybrid_engine_ready", model="vllm_backend") == 0, 10,
@@ -68,13 +76,13 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     streams.shutdown()
     for r in cut:
         assert r.ok or (r.error_code == "UNAVAILABLE" and "died after" in r.error and r.chunks), r.error
-        assert r.e2e_s < 60, r.e2e_s
+        assert t_submit + r.e2e_s - t0 < 30, "a stream on the dead engine hung"
     assert any(not r.ok for r in cut), "no stream was cut by the engine's death"
     for i in range(14):
         req = GenerationRequest(f"after the kill {i}", max_tokens=8, temperature=0.0, latency_sla_ms=50.0)
         r = stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=30)
         assert r.ok and r.backend == "trtllm", (i, r.error)
-    assert time.monotonic() - t0 < 60, "requests hung on the dead engine"
+    assert time.monotonic() - t0 < 120, "requests hung on the dead engine"
     # It opened after the burst (it may be half-open again by now: its recovery window is 4 s here).
     wait_for(lambda: metric_value(scrape(server), "router_breaker_opened_total", engine="vllm_backend") >= 1,
              5, "the vllm_backend breaker to open")
