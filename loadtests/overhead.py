@@ -47,14 +47,15 @@ CONTRACT = {DIRECT: "vllm", ROUTED: "router"}
 
 
 @contextmanager
-def server_url(url: str | None) -> Iterator[tuple[str, Callable[[], list[int]] | None]]:
+def server_url(url: str | None, overrides: dict[str, str] | None = None
+               ) -> Iterator[tuple[str, Callable[[], list[int]] | None]]:
     """(gRPC URL, server-tree pids or None) of a running server, or of a fresh one (vllm_only)."""
     if url:
         yield url, None
         return
     from tests.server_fixture import running_server
 
-    with running_server("overhead", overrides={"router_policy": "vllm_only"}) as server:
+    with running_server("overhead", overrides={**(overrides or {}), "router_policy": "vllm_only"}) as server:
         print(f"[overhead] server ready in {getattr(server, 'start_to_ready_s', 0):.0f} s "
               f"(gRPC {server.grpc_url})", flush=True)
         yield server.grpc_url, lambda: [server.proc.pid, *server.descendants()]
@@ -158,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--repeats", type=int, default=2, help="rounds per target and level, order alternating")
     p.add_argument("--out", type=Path, help="results folder (default loadtests/results/<timestamp>-overhead)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="profile value for the server it starts, e.g. router_stream_interval_ms=20 (repeatable)")
     args = p.parse_args(argv)
+    overrides = dict(kv.split("=", 1) for kv in args.set if "=" in kv)
+    if len(overrides) != len(args.set):
+        print(f"overhead: --set takes KEY=VALUE, got {args.set}", file=sys.stderr)
+        return 2
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
         if not levels or any(c < 1 for c in levels):
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         print(f"overhead: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2
-    with server_url(args.url) as (url, pids):
+    with server_url(args.url, overrides) as (url, pids):
         warm = WorkloadSampler(get_mix(args.mix), prompts, seed=args.seed + 99)
         for model in (DIRECT, ROUTED, DIRECT, ROUTED):
             send(url, model, warm.sample(), CONTRACT[model], timeout_s=args.timeout_s)

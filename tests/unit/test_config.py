@@ -29,6 +29,7 @@ def test_lists_are_parsed():
     ({"interactive_sla_ms": "nan"}, "'interactive_sla_ms'"),
     ({"no_such_knob": "1"}, "no_such_knob"),
     ({"trtllm_capacity": "3.5"}, "'trtllm_capacity'"),
+    ({"stream_interval_ms": "-1"}, "'stream_interval_ms'"),
 ])
 def test_bad_values_name_the_parameter(params, needle):
     with pytest.raises(ValueError) as err:

@@ -262,3 +262,33 @@ def test_streams_on_an_engine_that_reports_itself_dead_are_ended_once():
     finally:
         t.release.set()
         svc.stop()
+
+
+class RecordingTransport(FakeTransport):
+    """Keeps every response's text, in order."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.responses = []
+
+    def send(self, sender, outputs, final):
+        super().send(sender, outputs, final)
+        text = "" if outputs is None else outputs["text_output"].reshape(-1)[0].decode()
+        self.responses.append((text, final))
+
+
+@pytest.mark.parametrize("engine_tokens,sla", [(10, 50.0), (3000, None)])  # vllm_backend, trtllm
+@pytest.mark.parametrize("interval_ms,expected", [
+    (0.0, [("ab", False), ("cd", False), ("ef", False), ("", True)]),  # every piece at once
+    (60_000.0, [("ab", False), ("cdef", True)]),  # first piece at once, the rest with FINAL
+])
+def test_stream_interval_sends_the_first_piece_at_once_and_merges_the_rest(engine_tokens, sla, interval_ms, expected):
+    t = RecordingTransport()
+    svc = service(t, stream_interval_ms=interval_ms)
+    try:
+        svc.admit(job(engine_tokens, sla), "s")
+        wait_done(t, ["s"])
+        assert t.responses == expected
+        assert t.sent["s"]["text"] == "abcdef"
+    finally:
+        svc.stop()

@@ -342,6 +342,7 @@ class RouterService:
         n_out = 0
         first = None
         stopped = False
+        interval, next_send = self.cfg.stream_interval_ms / 1000.0, 0.0
         cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender))
         with self._live_lock:
             self._live[(id(p), engine)] = p
@@ -379,11 +380,15 @@ class RouterService:
                 if job.stream:
                     hold = 0 if stopped or not job.stop_words else _stop_holdback(full, job.stop_words)
                     delta = full[emitted:len(full) - hold]
-                    if delta:
+                    # The first text goes at once (TTFT); later text at most every
+                    # stream_interval_ms (each response is an IPC round trip), the rest with FINAL.
+                    now = self.clock() if interval else 0.0
+                    if delta and (emitted == 0 or now >= next_send):
                         if not self._send(p, engine, self._outputs(job, delta, engine, None), final=False):
                             return "abandoned"
                         emitted += len(delta)
                         p.emitted = emitted
+                        next_send = now + interval
                 if stopped:
                     break
         except EngineError as exc:
