@@ -260,6 +260,7 @@ class TritonServer:
         if self.proc is None:
             return
         self._known_pids |= set(self.descendants())
+        mapped = _shm_files(self._known_pids)  # vLLM's queues too: a killed engine leaves them
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -269,7 +270,7 @@ class TritonServer:
                 self.proc.wait(timeout=10)
         self.orphan_pids = [p for p in self._known_pids if _alive(p)]
         self.leftover_pids = _kill_pids(self.orphan_pids)
-        for region in self.shm_regions():
+        for region in [*self.shm_regions(), *map(Path, mapped)]:
             try:
                 region.unlink()
             except OSError:
@@ -319,3 +320,15 @@ def _kill_pids(pids: Iterable[int], wait_s: float = 5.0) -> list[int]:
         pids = [p for p in pids if _alive(p)]
         time.sleep(0.05)
     return pids
+
+
+def _shm_files(pids: Iterable[int]) -> list[str]:
+    """/dev/shm files mapped by ``pids`` and their children (the orphan guard's reader)."""
+    import sys
+
+    package_root = str(ROOT / "model_repository" / "router_bls" / "1")
+    if package_root not in sys.path:
+        sys.path.append(package_root)
+    from hybrid_router.orphan_guard import shm_paths
+
+    return shm_paths(list(pids))
