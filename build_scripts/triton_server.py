@@ -270,7 +270,7 @@ class TritonServer:
                 self.proc.wait(timeout=10)
         self.orphan_pids = [p for p in self._known_pids if _alive(p)]
         self.leftover_pids = _kill_pids(self.orphan_pids)
-        for region in [*self.shm_regions(), *map(Path, mapped)]:
+        for region in {*self.shm_regions(), *map(Path, mapped)}:  # the server maps its own regions too
             try:
                 region.unlink()
             except OSError:

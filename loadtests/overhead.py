@@ -162,10 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="profile value for the server it starts, e.g. router_stream_interval_ms=20 (repeatable)")
     args = p.parse_args(argv)
-    overrides = dict(kv.split("=", 1) for kv in args.set if "=" in kv)
-    if len(overrides) != len(args.set):
-        print(f"overhead: --set takes KEY=VALUE, got {args.set}", file=sys.stderr)
+    bad = [kv for kv in args.set if "=" not in kv]
+    if bad:
+        print(f"overhead: --set takes KEY=VALUE, got {bad}", file=sys.stderr)
         return 2
+    overrides = dict(kv.split("=", 1) for kv in args.set)  # a repeated KEY: the last one wins
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
         if not levels or any(c < 1 for c in levels):
