@@ -19,8 +19,10 @@ the same offsets.
 
 Output: a table on stdout (TPS, short-request TTFT p50/p99, long TTFT p99, TPOT
 p50/p99, SLA attainment of short requests = TTFT from arrival <= their SLA, errors),
-with ratios against (c); and in loadtests/results/<timestamp>/: report.md,
-latency_percentiles.png, sla_attainment.png, summary.json and requests_<config>.jsonl.
+with ratios against (c); and in loadtests/results/<timestamp>/: report.md (also a
+per-stage P90/P99 table per configuration, from Triton's /metrics scraped before and
+after its run: ``stage_report``), latency_percentiles.png, sla_attainment.png,
+summary.json, requests_<config>.jsonl and metrics_<config>_{before,after}.txt.
 
 Usage::
 
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import stage_report
 from .runner import RequestRecord, Summary, format_table, percentile, run_open_loop, send, summarize
 from .shapes import Arrival, parse_qps_steps, stages_from_steps, step_arrivals
 from .workload import (
@@ -90,6 +93,9 @@ class ConfigResult:
     # 1-minute load average before/after the measured run: other work on the box shows up here.
     load_before: float | None = None
     load_after: float | None = None
+    # Triton's /metrics around the measured run: the per-stage table covers only its requests.
+    scrape_before: str | None = None
+    scrape_after: str | None = None
 
 
 def build_schedule(settings: BenchSettings, prompts: PromptFactory) -> list[tuple[Arrival, SampledRequest]]:
@@ -130,9 +136,12 @@ def run_config(config: str, schedule: Sequence[tuple[Arrival, SampledRequest]], 
             print(f"[benchmark] {config}: {len(schedule)} requests over "
                   f"{len(settings.qps_steps) * settings.duration_per_step_s:.0f} s", flush=True)
             result.load_before = os.getloadavg()[0]
+            result.scrape_before = stage_report.load_scrape(server.metrics_url)
             result.records = run_open_loop(server.grpc_url, MODEL, schedule, "router",
                                            max_in_flight=settings.max_in_flight, timeout_s=settings.timeout_s)
             result.load_after = os.getloadavg()[0]
+            time.sleep(1.0)  # the router writes metrics off the hot path; let the last ones land
+            result.scrape_after = stage_report.load_scrape(server.metrics_url)
     except Exception as exc:  # noqa: BLE001 - one configuration failing must not lose the others
         result.failed = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         print(f"[benchmark] {config}: FAILED: {result.failed}", file=sys.stderr, flush=True)
@@ -357,6 +366,13 @@ def write_report(results: dict[str, ConfigResult], figs: dict[str, ConfigFigures
                          + f". Server ready in {res.start_to_ready_s or 0:.0f} s; load average "
                          f"{res.load_before or 0:.1f} before / {res.load_after or 0:.1f} after the run "
                          f"({os.cpu_count()} cores); client start lag p99 {_ms(lag)} ms.")
+    lines += ["", "## Per-stage P90/P99 (from Triton's /metrics, scraped before and after each run)", ""]
+    for config in CONFIGS:
+        res = results.get(config)
+        if res is not None and res.scrape_after is not None:
+            rows = stage_report.stage_table(res.scrape_after, res.scrape_before)
+            lines += [f"### {LABELS[config]} (scrape {len(res.scrape_after.encode()):,} bytes)", "",
+                      stage_report.format_markdown(rows), ""]
     lines += ["", "## Plots", "", *[f"![{p.stem}]({p.name})" for p in plots], "",
               "## Caveats", "",
               "- CPU profile on a small box: both engines, the router and this load generator share the "
@@ -425,6 +441,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(settings.out_dir / f"requests_{config}.jsonl", "w") as fh:
             for rec in results[config].records:
                 fh.write(json.dumps(rec.as_dict()) + "\n")
+        for which in ("before", "after"):
+            text = getattr(results[config], f"scrape_{which}")
+            if text is not None:
+                (settings.out_dir / f"metrics_{config}_{which}.txt").write_text(text)
 
     figs = {c: figures(r, settings) for c, r in results.items() if not r.failed and r.records}
     failed = {c: r.failed for c, r in results.items() if r.failed}

@@ -18,6 +18,10 @@ direct, per percentile). When the tool starts its own server it also prints the 
 time per output token of each process role (server, each model's stub, engines, load
 generator) for both paths, from /proc: on a CPU-bound machine the router's CPU is
 taken from the engines, so this is the cost that carries over to other machines.
+With a metrics URL (its own server, or ``--metrics-url``) it also prints where the
+time to first token goes: mean Triton queue and execute() time of the model the
+client called, the BLS call's queue at vllm_backend, the router's queue wait and
+TTFT, and vLLM's own queue time and TTFT, differenced from /metrics around each round.
 Writes overhead.json and overhead.md into loadtests/results/<timestamp>-overhead/.
 
 Usage::
@@ -36,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import proc_cpu
+from . import proc_cpu, stage_report
 from .runner import RequestRecord, Summary, format_table, run_closed_loop, send, summarize
 from .workload import FIXED_MIX, MIXES, PromptFactory, WorkloadSampler, get_mix, load_tokenizer
 
@@ -47,27 +51,73 @@ CONTRACT = {DIRECT: "vllm", ROUTED: "router"}
 
 
 @contextmanager
-def server_url(url: str | None, overrides: dict[str, str] | None = None
-               ) -> Iterator[tuple[str, Callable[[], list[int]] | None]]:
-    """(gRPC URL, server-tree pids or None) of a running server, or of a fresh one (vllm_only)."""
+def server_url(url: str | None, overrides: dict[str, str] | None = None, metrics_url: str | None = None
+               ) -> Iterator[tuple[str, Callable[[], list[int]] | None, str | None]]:
+    """(gRPC URL, server-tree pids or None, metrics URL or None) of a running server, or of a fresh one (vllm_only)."""
     if url:
-        yield url, None
+        yield url, None, metrics_url
         return
     from tests.server_fixture import running_server
 
     with running_server("overhead", overrides={**(overrides or {}), "router_policy": "vllm_only"}) as server:
         print(f"[overhead] server ready in {getattr(server, 'start_to_ready_s', 0):.0f} s "
               f"(gRPC {server.grpc_url})", flush=True)
-        yield server.grpc_url, lambda: [server.proc.pid, *server.descendants()]
+        yield server.grpc_url, lambda: [server.proc.pid, *server.descendants()], server.metrics_url
+
+
+# Where a request's time to first token goes, from Triton's /metrics (sums and counts
+# differenced around each round, so the means are exact): (label, family, labels, kind).
+# "counter_us": a Triton per-model duration counter in microseconds over its request count.
+ATTRIBUTION = (
+    ("Triton queue, entry model", "nv_inference_queue_duration_us", "entry", "counter_us"),
+    ("Triton execute(), entry model", "nv_inference_compute_infer_duration_us", "entry", "counter_us"),
+    ("Triton queue, vllm_backend (BLS)", "nv_inference_queue_duration_us", DIRECT, "counter_us"),
+    ("router queue wait", "router_queue_wait_seconds", None, "histogram"),
+    ("router TTFT (arrival at router -> first token sent)", "router_ttft_seconds", None, "histogram"),
+    ("engine queue (vLLM WAITING)", "vllm:request_queue_time_seconds", DIRECT, "histogram"),
+    ("engine TTFT (vLLM arrival -> first token)", "vllm:time_to_first_token_seconds", DIRECT, "histogram"),
+)
+
+
+def attribution_deltas(before: str, after: str, entry: str) -> dict[str, tuple[float, float]]:
+    """(sum of seconds, count) per ATTRIBUTION stage between two scrapes, for one entry model."""
+    from hybrid_router.prom import parse_text, value  # on sys.path through stage_report
+
+    a, b = parse_text(after), parse_text(before)
+    out: dict[str, tuple[float, float]] = {}
+    for label, family, model, kind in ATTRIBUTION:
+        model = entry if model == "entry" else model
+        if kind == "counter_us":
+            if entry == DIRECT and model == DIRECT and label.endswith("(BLS)"):
+                continue  # direct path: vllm_backend is the entry model, counted above
+            sel = {"model": model}
+            dur = (value(a, family, 0.0, **sel) or 0.0) - (value(b, family, 0.0, **sel) or 0.0)
+            n = (value(a, "nv_inference_count", 0.0, **sel) or 0.0) - (value(b, "nv_inference_count", 0.0, **sel) or 0.0)
+            out[label] = (dur / 1e6, n)
+        else:
+            hist = stage_report.stage_histograms(a, b, stage_report.Stage(label, family, "model"))
+            merged = stage_report.merge(h for g, h in hist.items() if model is None or g == model)
+            if merged.count > 0:
+                out[label] = (merged.sum, merged.count)
+    return out
 
 
 class Side:
-    """Pooled rounds of one target at one level: records, wall time and CPU per role."""
+    """Pooled rounds of one target at one level: records, wall time, CPU per role, stage sums."""
 
     def __init__(self) -> None:
         self.records: list[RequestRecord] = []
         self.wall_s = 0.0
         self.cpu: dict[str, float] = {}
+        self.stages: dict[str, list[float]] = {}  # label -> [seconds, count]
+
+    def stage_means(self) -> dict[str, float]:
+        """Mean seconds per request of each attribution stage (plus the client's TTFT)."""
+        out = {label: total / n for label, (total, n) in self.stages.items() if n > 0}
+        ttfts = [r.ttft_s for r in self.records if r.ttft_s is not None]
+        if ttfts:
+            out["client TTFT"] = sum(ttfts) / len(ttfts)
+        return out
 
     def summary(self) -> Summary:
         """Summary over every round (throughput = all tokens / summed wall time)."""
@@ -81,12 +131,19 @@ class Side:
 
 def measure(url: str, model: str, prompts: PromptFactory, mix_name: str, concurrency: int,
             duration_s: float, seed: int, timeout_s: float, side: Side,
-            pids: Callable[[], list[int]] | None) -> None:
+            pids: Callable[[], list[int]] | None, metrics_url: str | None = None) -> None:
     """One closed-loop round of one target at one level, pooled into ``side``."""
     sampler = WorkloadSampler(get_mix(mix_name), prompts, seed=seed)
+    scrape = stage_report.load_scrape(metrics_url) if metrics_url else None
     before = proc_cpu.sample(pids()) if pids else None
     records, wall = run_closed_loop(url, model, sampler.sample, CONTRACT[model], concurrency, duration_s,
                                     timeout_s=timeout_s)
+    if scrape is not None and metrics_url:
+        time.sleep(1.0)  # router metric writes are queued off the hot path
+        for label, (sec, n) in attribution_deltas(scrape, stage_report.load_scrape(metrics_url), model).items():
+            acc = side.stages.setdefault(label, [0.0, 0.0])
+            acc[0] += sec
+            acc[1] += n
     if before is not None and pids is not None:
         for role, sec in proc_cpu.by_role(before, proc_cpu.sample(pids())).items():
             side.cpu[role] = side.cpu.get(role, 0.0) + sec
@@ -102,12 +159,14 @@ def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def row(level: int, direct: Summary, routed: Summary, cpu: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+def row(level: int, direct: Summary, routed: Summary, cpu: dict[str, dict[str, float]] | None = None,
+        stages: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     """The comparison of one concurrency level."""
     return {
         "concurrency": level,
         "direct": direct.as_dict(), "router": routed.as_dict(),
         "cpu_us_per_token": cpu or {},
+        "stage_means_s": stages or {},
         "throughput_ratio": (routed.tps / direct.tps) if direct.tps else None,
         "added_ttft_p50_s": _diff(routed.ttft_p50_s, direct.ttft_p50_s),
         "added_ttft_p99_s": _diff(routed.ttft_p99_s, direct.ttft_p99_s),
@@ -127,6 +186,22 @@ def format_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
         out.append((str(r["concurrency"]), f"{d['tps']:.0f}", f"{x['tps']:.0f}", ratio,
                     f"{_ms(d['ttft_p50_s'])}/{_ms(d['ttft_p99_s'])}", f"{_ms(x['ttft_p50_s'])}/{_ms(x['ttft_p99_s'])}",
                     _ms(r["added_ttft_p50_s"]), _ms(r["added_ttft_p99_s"]), f"{d['errors']}/{x['errors']}"))
+    return out
+
+
+def format_stage_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """Mean ms per request of each attribution stage, direct vs router, per level."""
+    out = []
+    labels = [a[0] for a in ATTRIBUTION] + ["client TTFT"]
+    for r in rows:
+        st = r.get("stage_means_s") or {}
+        if not st:
+            continue
+        for label in labels:
+            d, x = st.get("direct", {}).get(label), st.get("router", {}).get(label)
+            if d is None and x is None:
+                continue
+            out.append((str(r["concurrency"]), label, _ms(d), _ms(x)))
     return out
 
 
@@ -152,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(description="Throughput and TTFT added by router_bls over vllm_backend.")
     p.add_argument("--url", help="gRPC endpoint of a running server (router_policy vllm_only); default: start one")
+    p.add_argument("--metrics-url", help="with --url: its /metrics, for the per-stage attribution table")
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated stream counts")
     p.add_argument("--duration", type=float, default=15.0, help="seconds per target and level")
     p.add_argument("--mix", default=FIXED_MIX.name, choices=sorted(MIXES))
@@ -181,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         print(f"overhead: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2
-    with server_url(args.url, overrides) as (url, pids):
+    with server_url(args.url, overrides, args.metrics_url) as (url, pids, metrics_url):
         warm = WorkloadSampler(get_mix(args.mix), prompts, seed=args.seed + 99)
         for model in (DIRECT, ROUTED, DIRECT, ROUTED):
             send(url, model, warm.sample(), CONTRACT[model], timeout_s=args.timeout_s)
@@ -193,18 +269,25 @@ def main(argv: list[str] | None = None) -> int:
                     # Distinct seeds per target, level and round: no prompt is seen twice (prefix cache).
                     seed = args.seed + (1000 if model == DIRECT else 2000) + 100 * k + rep
                     measure(url, model, prompts, args.mix, level, args.duration, seed, args.timeout_s,
-                            sides[model], pids)
+                            sides[model], pids, metrics_url)
             direct, routed = sides[DIRECT].summary(), sides[ROUTED].summary()
             cpu = {"direct": sides[DIRECT].cpu_us_per_token(), "router": sides[ROUTED].cpu_us_per_token()} \
                 if pids else None
-            rows.append(row(level, direct, routed, cpu))
+            stages = {"direct": sides[DIRECT].stage_means(), "router": sides[ROUTED].stage_means()}
+            rows.append(row(level, direct, routed, cpu, stages))
             print(f"[overhead] {level} streams: direct {direct.tps:.0f} tok/s, router {routed.tps:.0f} tok/s",
                   flush=True)
     cells = format_rows(rows)
     cpu_cells = format_cpu_rows(rows)
     cpu_header = ("streams", "path", *CPU_ROLES, "total")
+    stage_cells = format_stage_rows(rows)
+    stage_header = ("streams", "stage (mean per request)", "direct ms", "router ms")
     print()
     print(format_table(HEADER, cells))
+    if stage_cells:
+        print("\nWhere the time to first token goes (means from /metrics; the entry model is the one the "
+              "client called):")
+        print(format_table(stage_header, stage_cells))
     if cpu_cells:
         print("\nCPU time per output token (µs), by process role:")
         print(format_table(cpu_header, cpu_cells))
@@ -215,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Closed loop, {args.repeats} x {args.duration:g} s per target and level, mix {args.mix}: "
         f"{get_mix(args.mix).describe()}. TTFT from stream start; ratio = router / direct tokens per second.\n\n"
         + format_table(HEADER, cells, markdown=True) + "\n"
+        + ("\n## Where the time to first token goes (means per request from /metrics)\n\n"
+           + format_table(stage_header, stage_cells, markdown=True) + "\n" if stage_cells else "")
         + ("\n## CPU time per output token (µs), by process role\n\n"
            + format_table(cpu_header, cpu_cells, markdown=True) + "\n" if cpu_cells else ""))
     print(f"\n[overhead] results in {out}")

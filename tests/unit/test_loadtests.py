@@ -407,3 +407,39 @@ def test_cpu_by_role_sums_deltas_and_counts_new_processes_from_zero() -> None:
     assert by_role(before, after) == {"server": 2.5, "stub:router_bls": 0.5, "engines": 4.0, "load generator": 2.0}
     own = sample([])
     assert set(own) == {0} and own[0][0] > 0
+
+
+# --------------------------------------------------------------------------- overhead attribution
+
+
+def _scrape(router_n: int, queue_us: int, ttft_sum: float) -> str:
+    return "\n".join([
+        f'nv_inference_count{{model="router_bls",version="1"}} {router_n}',
+        f'nv_inference_queue_duration_us{{model="router_bls",version="1"}} {queue_us}',
+        f'nv_inference_compute_infer_duration_us{{model="router_bls",version="1"}} {2 * queue_us}',
+        f'nv_inference_count{{model="vllm_backend",version="1"}} {router_n + 5}',
+        f'nv_inference_queue_duration_us{{model="vllm_backend",version="1"}} {queue_us // 2}',
+        f'router_ttft_seconds_bucket{{model="router_bls",engine="vllm_backend",le="0.1"}} {router_n}',
+        f'router_ttft_seconds_bucket{{model="router_bls",engine="vllm_backend",le="+Inf"}} {router_n}',
+        f'router_ttft_seconds_sum{{model="router_bls",engine="vllm_backend"}} {ttft_sum}',
+        f'router_ttft_seconds_count{{model="router_bls",engine="vllm_backend"}} {router_n}',
+    ]) + "\n"
+
+
+def test_overhead_attribution_differences_sums_and_counts_between_scrapes():
+    from loadtests.overhead import attribution_deltas
+
+    got = attribution_deltas(_scrape(10, 1000, 0.5), _scrape(30, 5000, 1.5), "router_bls")
+    assert got["Triton queue, entry model"] == pytest.approx((0.004, 20))
+    assert got["Triton execute(), entry model"] == pytest.approx((0.008, 20))
+    assert got["Triton queue, vllm_backend (BLS)"] == pytest.approx((0.002, 20))
+    assert got["router TTFT (arrival at router -> first token sent)"] == pytest.approx((1.0, 20))
+    assert "router queue wait" not in got  # no samples of that family in either scrape
+
+
+def test_overhead_attribution_of_the_direct_path_has_no_bls_row():
+    from loadtests.overhead import attribution_deltas
+
+    got = attribution_deltas(_scrape(10, 1000, 0.5), _scrape(30, 5000, 1.5), "vllm_backend")
+    assert got["Triton queue, entry model"] == pytest.approx((0.002, 20))
+    assert "Triton queue, vllm_backend (BLS)" not in got
