@@ -30,11 +30,51 @@ def test_lists_are_parsed():
     ({"no_such_knob": "1"}, "no_such_knob"),
     ({"trtllm_capacity": "3.5"}, "'trtllm_capacity'"),
     ({"stream_interval_ms": "-1"}, "'stream_interval_ms'"),
+    ({"latency_buckets_s": "0.1,0.05,1"}, "'latency_buckets_s'"),
+    ({"tpot_buckets_s": "0,0.01"}, "'tpot_buckets_s'"),
+    ({"queue_buckets_s": "0.1,inf"}, "'queue_buckets_s'"),
+    ({"queue_buckets_s": "0.1,ten"}, "'queue_buckets_s'"),
 ])
 def test_bad_values_name_the_parameter(params, needle):
     with pytest.raises(ValueError) as err:
         config_from_parameters(params)
     assert needle in str(err.value)
+
+
+def test_bucket_bounds_are_parameters_and_reach_the_histograms():
+    from hybrid_router.metrics import RouterMetrics
+
+    cfg = config_from_parameters({"latency_buckets_s": "0.05, 0.5, 5", "tpot_buckets_s": "0.01,0.1",
+                                  "queue_buckets_s": "0.001"})
+    assert cfg.latency_buckets_s == (0.05, 0.5, 5.0) and cfg.queue_buckets_s == (0.001,)
+
+    class Writer:
+        def __init__(self) -> None:
+            self.buckets: dict[str, list[float] | None] = {}
+
+        def family(self, name, desc, kind):
+            pass
+
+        def metric(self, name, labels, buckets=None):
+            self.buckets[name] = buckets
+            return name
+
+        def observe(self, metric, value):
+            pass
+
+        def inc(self, metric, value=1.0):
+            pass
+
+    w = Writer()
+    m = RouterMetrics(w, latency_buckets=cfg.latency_buckets_s, tpot_buckets=cfg.tpot_buckets_s,
+                      queue_buckets=cfg.queue_buckets_s)
+    m.queue_wait(1, 0.01)
+    m.ttft("vllm_backend", 0.2)
+    m.finished("vllm_backend", 10, 1.0, 0.02)
+    assert w.buckets["router_ttft_seconds"] == [0.05, 0.5, 5.0]
+    assert w.buckets["router_e2e_seconds"] == [0.05, 0.5, 5.0]
+    assert w.buckets["router_tpot_seconds"] == [0.01, 0.1]
+    assert w.buckets["router_queue_wait_seconds"] == [0.001]
 
 
 def test_config_is_frozen():

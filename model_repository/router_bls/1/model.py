@@ -60,7 +60,10 @@ class TritonPythonModel:
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.tokenizer_dir)
         self.writer = ta.Metrics()
-        self.metrics = RouterMetrics(self.writer, model=args["model_name"])
+        self.metrics = RouterMetrics(self.writer, model=args["model_name"],
+                                     latency_buckets=self.cfg.latency_buckets_s,
+                                     tpot_buckets=self.cfg.tpot_buckets_s,
+                                     queue_buckets=self.cfg.queue_buckets_s)
         self.service = RouterService(self.cfg, TritonTransport(), self.tokenizer, self.metrics,
                                      log=self.log.info)
         self.service.start()

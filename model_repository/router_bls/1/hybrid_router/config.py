@@ -13,6 +13,13 @@ from typing import Any, Mapping
 
 ENGINES = ("trtllm", "vllm_backend")
 POLICIES = ("hybrid", "round_robin", "vllm_only", "trtllm_only")
+# Histogram bucket upper bounds (seconds) of the router's metric families.
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                     0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
+                  0.075, 0.1, 0.2, 0.5)
+QUEUE_BUCKETS_S = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5,
+                   1.0, 2.5, 5.0, 10.0)
 FALLBACKS = ("weighted", "trtllm", "vllm_backend")
 
 
@@ -72,6 +79,10 @@ class RouterConfig:
     server_http_url: str = "http://127.0.0.1:8000"  # readiness: GET /v2/models/<m>/ready
     tokenizer_dir: str = ""
     end_id: int = -1  # -1: the tokenizer's EOS id
+    # Metrics: bucket upper bounds (seconds) of router_ttft/e2e, router_tpot and router_queue_wait.
+    latency_buckets_s: tuple[float, ...] = LATENCY_BUCKETS_S
+    tpot_buckets_s: tuple[float, ...] = TPOT_BUCKETS_S
+    queue_buckets_s: tuple[float, ...] = QUEUE_BUCKETS_S
 
     def validate(self) -> "RouterConfig":
         """Raise ValueError naming the first bad parameter."""
@@ -113,6 +124,12 @@ class RouterConfig:
             value = getattr(self, name)
             if math.isnan(value) or value < 0:
                 raise bad(name, "must be a non-negative number")
+        for name in ("latency_buckets_s", "tpot_buckets_s", "queue_buckets_s"):
+            bounds = getattr(self, name)
+            if (not bounds or any(math.isnan(b) or math.isinf(b) or b <= 0 for b in bounds)
+                    or any(a >= b for a, b in zip(bounds, bounds[1:]))):
+                raise bad(name, "must be increasing positive finite seconds, e.g. '0.01,0.1,1,10' "
+                                "(+Inf is added by Triton)")
         if self.trtllm_model == self.vllm_model:
             raise bad("vllm_model", "must differ from trtllm_model")
         return self

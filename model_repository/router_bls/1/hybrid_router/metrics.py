@@ -1,20 +1,20 @@
 """Router metric families (prefix ``router_``, base units) over a metrics writer.
 
 The writer is ``triton_adapter.Metrics`` in the server (Triton's /metrics endpoint)
-and a fake in unit tests; no Triton imports here. Bucket bounds are parameters.
+and a fake in unit tests; no Triton imports here. Bucket bounds are config.pbtxt parameters
+(``latency_buckets_s``, ``tpot_buckets_s``, ``queue_buckets_s``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from .config import LATENCY_BUCKETS_S, QUEUE_BUCKETS_S, TPOT_BUCKETS_S
+
 PRIORITY_LABELS = {1: "urgent", 2: "high", 3: "normal"}
-DEFAULT_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
-                           0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-DEFAULT_TPOT_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05,
-                        0.075, 0.1, 0.2, 0.5)
-DEFAULT_QUEUE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5,
-                         1.0, 2.5, 5.0, 10.0)
+DEFAULT_LATENCY_BUCKETS = LATENCY_BUCKETS_S
+DEFAULT_TPOT_BUCKETS = TPOT_BUCKETS_S
+DEFAULT_QUEUE_BUCKETS = QUEUE_BUCKETS_S
 
 FAMILIES = (
     ("router_requests_total", "Requests routed, by engine and the rule that chose it.", "counter"),
