@@ -160,6 +160,10 @@ class ConfigFigures:
     long: Summary
     steps: list[dict[str, Any]]
     backends: dict[str, dict[str, int]]
+    # Short requests with TTFT from the moment the client sent them (its start lag left out):
+    # tells a slow server from a starved load generator on a small box.
+    short_from_send: Summary | None = None
+    lag_p99_s: float | None = None
 
 
 def _klass(records: Sequence[RequestRecord], klass: str) -> list[RequestRecord]:
@@ -185,7 +189,9 @@ def figures(result: ConfigResult, settings: BenchSettings) -> ConfigFigures:
         backends.setdefault(r.klass, {}).setdefault(key, 0)
         backends[r.klass][key] += 1
     return ConfigFigures(summarize(recs, wall_s=wall), summarize(_klass(recs, SHORT), wall_s=wall),
-                         summarize(_klass(recs, LONG), wall_s=wall), steps, backends)
+                         summarize(_klass(recs, LONG), wall_s=wall), steps, backends,
+                         summarize(_klass(recs, SHORT), wall_s=wall, from_arrival=False),
+                         percentile((r.lag_s for r in recs), 99))
 
 
 def _ms(v: float | None) -> str:
@@ -263,6 +269,12 @@ def goal_check(figs: dict[str, ConfigFigures]) -> list[str]:
             note = f" (a 1.5x gain is impossible when the baseline already attains {_pct(b.sla_attainment)})"
         out.append(f"short-request SLA attainment: hybrid {_pct(h.sla_attainment)} vs round-robin "
                    f"{_pct(b.sla_attainment)} = {r:.2f}x (goal >= 1.5x): {'met' if r >= 1.5 else 'NOT met'}{note}")
+    hs, bs = figs["hybrid"].short_from_send, figs[BASELINE].short_from_send
+    if hs is not None and bs is not None and hs.ttft_p99_s is not None and bs.ttft_p99_s:
+        out.append(f"short-request TTFT p99 from send (client start lag left out; lag p99 hybrid "
+                   f"{_ms(figs['hybrid'].lag_p99_s)} ms, round-robin {_ms(figs[BASELINE].lag_p99_s)} ms): "
+                   f"hybrid {_ms(hs.ttft_p99_s)} ms vs round-robin {_ms(bs.ttft_p99_s)} ms "
+                   f"= {hs.ttft_p99_s / bs.ttft_p99_s:.2f}x")
     return out or ["Goal check: not enough successful requests to compare."]
 
 

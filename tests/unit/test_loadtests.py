@@ -387,6 +387,19 @@ def test_benchmark_ratios_and_goal_check() -> None:
     assert any("SLA attainment" in c and "5.00x" in c for c in checks)
 
 
+def test_goal_check_also_compares_ttft_from_send_without_client_lag() -> None:
+    from loadtests.benchmark import BenchSettings, ConfigResult, figures, goal_check
+
+    settings = BenchSettings([1.0], 10.0, ["round_robin", "hybrid"])
+    # Round-robin's requests left the client 2 s late (a starved load generator), served as fast.
+    rr = ConfigResult("round_robin", [_rec(i, 0.1, lag=2.0) for i in range(10)])
+    hy = ConfigResult("hybrid", [_rec(i, 0.1) for i in range(10)])
+    checks = goal_check({"round_robin": figures(rr, settings), "hybrid": figures(hy, settings)})
+    from_send = [c for c in checks if "from send" in c]
+    assert len(from_send) == 1 and "= 1.00x" in from_send[0] and "round-robin 2000 ms" in from_send[0]
+    assert any("TTFT p99: hybrid 100 ms vs round-robin 2100 ms" in c for c in checks)
+
+
 def test_cpu_roles_from_command_lines() -> None:
     from loadtests.proc_cpu import role_of
 
