@@ -85,11 +85,11 @@ def attribution_deltas(before: str, after: str, entry: str) -> dict[str, tuple[f
 
     a, b = parse_text(after), parse_text(before)
     out: dict[str, tuple[float, float]] = {}
-    for label, family, model, kind in ATTRIBUTION:
-        model = entry if model == "entry" else model
+    for label, family, which, kind in ATTRIBUTION:
+        model = entry if which == "entry" else which
         if kind == "counter_us":
-            if entry == DIRECT and model == DIRECT and label.endswith("(BLS)"):
-                continue  # direct path: vllm_backend is the entry model, counted above
+            if which != "entry" and model == entry:
+                continue  # a fixed-model row naming the entry model repeats the entry row
             sel = {"model": model}
             dur = (value(a, family, 0.0, **sel) or 0.0) - (value(b, family, 0.0, **sel) or 0.0)
             n = (value(a, "nv_inference_count", 0.0, **sel) or 0.0) - (value(b, "nv_inference_count", 0.0, **sel) or 0.0)
