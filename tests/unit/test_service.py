@@ -29,6 +29,7 @@ class FakeTransport:
         self.errors = {}
         self.stops = []
         self.cancelled = set()
+        self.checks = 0
         self.lock = threading.Lock()
 
     def stream(self, model, inputs, request_id, outputs):
@@ -62,6 +63,8 @@ class FakeTransport:
             self.errors[sender] = (code, message)
 
     def is_cancelled(self, sender):
+        with self.lock:
+            self.checks += 1
         return sender in self.cancelled
 
 
@@ -154,6 +157,19 @@ def test_cancel_stops_the_engine_request():
         svc.admit(job(10, 50.0), "x")
         wait_done(t, ["x"])
         assert t.stops == [("vllm_backend", t.stops[0][1])] and t.sent["x"]["text"] == ""
+    finally:
+        svc.stop()
+
+
+@pytest.mark.parametrize("interval_ms, checks", [(0, 50), (60_000, 1)])
+def test_cancel_checks_are_rate_limited_per_stream(interval_ms, checks):
+    # Each check is an IPC round trip in Triton: at most one per cancel_check_ms per stream.
+    t = FakeTransport(pieces=("a",) * 50)
+    svc = service(t, cancel_check_ms=interval_ms)
+    try:
+        svc.admit(job(10, 50.0), "s")
+        wait_done(t, ["s"])
+        assert t.checks == checks and t.sent["s"]["text"] == "a" * 50
     finally:
         svc.stop()
 

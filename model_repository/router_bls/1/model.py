@@ -14,7 +14,7 @@ import numpy as np  # noqa: E402
 
 from hybrid_router import triton_adapter as ta  # noqa: E402
 from hybrid_router.config import config_from_parameters  # noqa: E402
-from hybrid_router.contracts import ROUTER_INPUTS, InvalidInput  # noqa: E402
+from hybrid_router.contracts import CANCEL_VIA_STOP, ROUTER_INPUTS, InvalidInput  # noqa: E402
 from hybrid_router.metrics import RouterMetrics  # noqa: E402
 from hybrid_router.requests import build_job  # noqa: E402
 from hybrid_router.service import EngineError, RouterService  # noqa: E402
@@ -27,7 +27,9 @@ class TritonTransport:
                outputs: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
         """Yield engine responses; engine errors become EngineError."""
         try:
-            yield from ta.bls_stream(model, inputs, request_id, outputs)
+            # The router stops engine requests itself (a ``stop`` request): spare the engine
+            # model its per-token cancellation polls.
+            yield from ta.bls_stream(model, inputs, request_id, outputs, parameters={CANCEL_VIA_STOP: True})
         except ta.EngineCallError as exc:
             raise EngineError(str(exc), exc.code) from None
 

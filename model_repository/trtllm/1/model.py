@@ -13,14 +13,14 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
 from hybrid_router import triton_adapter as ta  # noqa: E402
-from hybrid_router.contracts import TRTLLM_INPUTS, CancelCheck, InvalidInput, decode_stop_words_list  # noqa: E402
+from hybrid_router.contracts import TRTLLM_INPUTS, InvalidInput, decode_stop_words_list  # noqa: E402
 from hybrid_router.engine_metrics import TrtllmMetricsSink  # noqa: E402
 from hybrid_router.engine_model import EngineModelBase  # noqa: E402
 from hybrid_router.sampling import validate_sampling  # noqa: E402
@@ -104,7 +104,7 @@ class TritonPythonModel(EngineModelBase):
             perf_metrics=bool(v["return_perf_metrics"]),
         )
 
-    async def serve(self, job: TrtllmJob, sender: Any, request_id: str) -> None:
+    async def serve(self, job: TrtllmJob, sender: Any, request_id: str, cancelled: Callable[[], bool]) -> None:
         """Generate from token ids and stream new ids the way the tensorrtllm backend does."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -128,7 +128,6 @@ class TritonPythonModel(EngineModelBase):
         first_token = 0
         generated: list[int] = []
         self.sink.request_started()
-        cancelled = CancelCheck(lambda: ta.is_cancelled(sender))
         final_sent = False
         try:
             async for out in self.host.generate({"prompt_token_ids": job.input_ids}, params,

@@ -9,14 +9,14 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
 from hybrid_router import triton_adapter as ta  # noqa: E402
-from hybrid_router.contracts import VLLM_INPUTS, CancelCheck, InvalidInput  # noqa: E402
+from hybrid_router.contracts import VLLM_INPUTS, InvalidInput  # noqa: E402
 from hybrid_router.engine_metrics import VllmMetricsSink  # noqa: E402
 from hybrid_router.engine_model import EngineModelBase  # noqa: E402
 from hybrid_router.sampling import sampling_kwargs_from_json  # noqa: E402
@@ -67,7 +67,7 @@ class TritonPythonModel(EngineModelBase):
             stop=False,
         )
 
-    async def serve(self, job: VllmJob, sender: Any, request_id: str) -> None:
+    async def serve(self, job: VllmJob, sender: Any, request_id: str, cancelled: Callable[[], bool]) -> None:
         """Run one request on the engine and stream its responses."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -82,7 +82,6 @@ class TritonPythonModel(EngineModelBase):
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"input 'sampling_parameters' is invalid: {exc}") from None
         self.sink.request_started()
-        cancelled = CancelCheck(lambda: ta.is_cancelled(sender))
         t0 = time.monotonic()
         pieces: list[str] = []
         n_out = 0

@@ -18,6 +18,9 @@ import numpy as np
 # Exported by each engine model (both contracts): 1 while its engine serves, 0 while it is
 # dead or restarting. Triton's own readiness stays READY while the stub lives.
 ENGINE_READY = "hybrid_engine_ready"
+# Request parameter set by router_bls on its BLS calls: the caller stops the request with a
+# ``stop`` request, so the engine model does not poll Triton for its cancellation.
+CANCEL_VIA_STOP = "cancel_via_stop"
 
 
 class CancelCheck:

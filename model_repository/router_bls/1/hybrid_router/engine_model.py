@@ -13,10 +13,10 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import triton_adapter as ta
-from .contracts import ENGINE_READY, InvalidInput
+from .contracts import CANCEL_VIA_STOP, ENGINE_READY, CancelCheck, InvalidInput
 from .engine_host import EngineHost, EngineStatsSink, configure_cpu_environment, use_utf8_locale
 
 # Engine args that only mean something on GPU; dropped on the CPU platform.
@@ -151,9 +151,22 @@ class EngineModelBase:
         """Parse one Triton request into a job (raises InvalidInput)."""
         raise NotImplementedError
 
-    async def serve(self, job: Any, sender: Any, request_id: str) -> None:
-        """Stream one job's responses (subclasses override)."""
+    async def serve(self, job: Any, sender: Any, request_id: str, cancelled: Callable[[], bool]) -> None:
+        """Stream one job's responses (subclasses override); ``cancelled()`` says when to stop."""
         raise NotImplementedError
+
+    @staticmethod
+    def cancel_check(request: Any, sender: Any) -> Callable[[], bool]:
+        """How a request's cancellation is noticed.
+
+        Each query of Triton's cancellation flag is an IPC round trip (rate-limited by
+        CancelCheck). A caller that sets the request parameter ``cancel_via_stop`` (router_bls
+        on its BLS calls: a BLS caller cannot cancel in Triton 2.51) stops the request with a
+        ``stop`` request instead, so nothing is polled for it.
+        """
+        if ta.request_parameters(request).get(CANCEL_VIA_STOP) is True:
+            return lambda: False
+        return CancelCheck(lambda: ta.is_cancelled(sender))
 
     def execute(self, requests: list[Any]) -> None:
         """Hand every request to the engine loop; responses go through each sender."""
@@ -178,12 +191,13 @@ class EngineModelBase:
             request_id = request.request_id() or uuid.uuid4().hex
             host, key = self.host, uuid.uuid4().hex
             self._open[key] = (host, sender)
-            host.submit(self._guarded(job, sender, request_id, key))
+            host.submit(self._guarded(job, sender, request_id, key, self.cancel_check(request, sender)))
         return None
 
-    async def _guarded(self, job: Any, sender: Any, request_id: str, key: str) -> None:
+    async def _guarded(self, job: Any, sender: Any, request_id: str, key: str,
+                       cancelled: Callable[[], bool]) -> None:
         try:
-            await self.serve(job, sender, request_id)
+            await self.serve(job, sender, request_id, cancelled)
         except InvalidInput as exc:
             ta.send_error(sender, f"{self.model_name}: {exc}", "INVALID_ARG")
         except Exception as exc:  # noqa: BLE001 - every stream must end with FINAL

@@ -343,7 +343,7 @@ class RouterService:
         first = None
         stopped = False
         interval, next_send = self.cfg.stream_interval_ms / 1000.0, 0.0
-        cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender))
+        cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender), self.cfg.cancel_check_ms / 1000.0)
         with self._live_lock:
             self._live[(id(p), engine)] = p
         try:

@@ -241,6 +241,7 @@ def bls_stream(
     request_id: str,
     output_names: Sequence[str],
     timeout_us: int = 0,
+    parameters: Mapping[str, Any] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Call a decoupled engine model through BLS and yield each response's outputs.
 
@@ -254,6 +255,8 @@ def bls_stream(
     )
     if timeout_us:
         kwargs["timeout"] = timeout_us
+    if parameters:
+        kwargs["parameters"] = dict(parameters)
     responses = pb_utils.InferenceRequest(**kwargs).exec(decoupled=True)
     try:
         for response in responses:
