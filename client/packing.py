@@ -102,6 +102,11 @@ def vllm_tensors(req: GenerationRequest) -> dict[str, np.ndarray]:
     return t
 
 
+def vllm_stop_tensors() -> dict[str, np.ndarray]:
+    """A ``vllm_backend`` stop request: aborts the in-flight request with the same request id."""
+    return {"text_input": _text(["stop"], False), "stop": _scalar(True, np.bool_, False)}
+
+
 def trtllm_tensors(input_ids: Sequence[int], req: GenerationRequest, end_id: int | None = None) -> dict[str, np.ndarray]:
     """Tensors for ``trtllm`` (the tensorrtllm backend contract) from prompt token ids."""
     t = {

@@ -125,13 +125,15 @@ def stream_grpc(
     timeout_s: float = 300.0,
     on_chunk: Callable[[StreamResult], None] | None = None,
     cancel_after_chunks: int | None = None,
+    parameters: dict[str, Any] | None = None,
 ) -> StreamResult:
     """Send one request on a gRPC stream and collect every response until the final one.
 
     ``priority`` sets Triton's own request priority (queue order in the server); the
     router's ``priority`` tensor is part of ``tensors``. ``cancel_after_chunks``
     cancels the request after that many non-empty responses (the stream is closed with
-    cancel_requests=True, so the server sees a cancellation).
+    cancel_requests=True, so the server sees a cancellation). ``parameters`` are Triton
+    request parameters (str, int or bool values).
     """
     import tritonclient.grpc as grpcclient
 
@@ -147,6 +149,7 @@ def stream_grpc(
             request_id=request_id or uuid.uuid4().hex,
             priority=priority,
             enable_empty_final_response=True,
+            parameters=parameters,
         )
         deadline = t0 + timeout_s
         while True:

@@ -3,13 +3,15 @@ cancellation, non-streaming, metric families."""
 
 from __future__ import annotations
 
+import json
 import time
 
+import numpy as np
 import pytest
 
-from client.packing import GenerationRequest, trtllm_tensors, vllm_tensors
+from client.packing import GenerationRequest, trtllm_tensors, vllm_stop_tensors, vllm_tensors
 from client.stream import stream_grpc
-from tests.server_fixture import metric_value, running_server, scrape
+from tests.server_fixture import metric_value, running_server, scrape, wait_for
 
 pytestmark = pytest.mark.integration
 PROMPT_IDS = [101, 2048, 77, 5, 900, 31, 64, 12]
@@ -96,22 +98,55 @@ def _wait_stable(server, name, timeout=10.0, **labels):
 
 def test_cancelling_a_vllm_stream_stops_generation(server):
     labels = {"model": "vllm_backend"}
-    aborted0 = metric_value(scrape(server), "vllm:request_aborted_total", **labels)
-    gen0 = _wait_stable(server, "vllm:generation_tokens_total", **labels)
     n = 3000
-    r = \
-        stream_grpc(server.grpc_url, "vllm_backend",
-                    vllm_tensors(GenerationRequest("tell me a long story", max_tokens=n, temperature=0.0)),
-                    cancel_after_chunks=3, timeout_s=60)
-    assert r.cancelled
-    gen1 = _wait_stable(server, "vllm:generation_tokens_total", **labels)
-    # vLLM merges deltas the model has not read yet, so the 3 chunks the client saw may hold
-    # many tokens (seen once on CI: the whole answer). What is asserted: the engine stopped
-    # well short of max_tokens, soon after what the client had received.
-    received = r.num_output_tokens or 0
-    assert gen1 - gen0 < min(received + 500, n), (gen1 - gen0, received)
-    assert metric_value(scrape(server), "vllm:request_aborted_total", **labels) == aborted0 + 1
+    attempts = []
+    # Triton 2.51's gRPC frontend now and then never reports a stream's cancellation to the
+    # model (seen in about 1 of 7 tries; README, Known limits), and the request then runs to
+    # max_tokens. The engine model must abort whenever Triton does report it: up to 3 tries.
+    for _ in range(3):
+        aborted0 = metric_value(scrape(server), "vllm:request_aborted_total", **labels)
+        gen0 = _wait_stable(server, "vllm:generation_tokens_total", **labels)
+        r = stream_grpc(server.grpc_url, "vllm_backend",
+                        vllm_tensors(GenerationRequest("tell me a long story", max_tokens=n, temperature=0.0)),
+                        cancel_after_chunks=3, timeout_s=60)
+        assert r.cancelled
+        gen1 = _wait_stable(server, "vllm:generation_tokens_total", timeout=30.0, **labels)
+        aborted = metric_value(scrape(server), "vllm:request_aborted_total", **labels) - aborted0
+        # vLLM merges deltas the model has not read yet, so the 3 chunks the client saw may
+        # hold many tokens. Asserted: the engine stopped well short of max_tokens, soon after
+        # what the client had received, and counted the abort.
+        received = r.num_output_tokens or 0
+        attempts.append((gen1 - gen0, received, aborted))
+        if gen1 - gen0 < min(received + 500, n) and aborted == 1:
+            break
+    else:
+        raise AssertionError(f"no cancellation reached the engine in 3 tries (generated, received, aborted): "
+                             f"{attempts}")
     assert metric_value(scrape(server), "vllm:num_requests_running", **labels) == 0
+
+
+def test_a_request_marked_cancel_via_stop_is_stopped_by_its_stop_request(server):
+    # router_bls marks its BLS calls so: the engine model does not poll the caller's cancel
+    # flag (an IPC round trip per poll) and waits for the caller's stop request instead.
+    labels = {"model": "vllm_backend"}
+    aborted0 = metric_value(scrape(server), "vllm:request_aborted_total", **labels)
+    tensors = vllm_tensors(GenerationRequest("tell me a long story", max_tokens=3000, temperature=0.0))
+    sampling = json.loads(tensors["sampling_parameters"].reshape(-1)[0])
+    tensors["sampling_parameters"] = np.array([json.dumps({**sampling, "ignore_eos": True}).encode()],
+                                              dtype=np.object_)
+    rid = f"via-stop-{time.monotonic_ns()}"
+    r = stream_grpc(server.grpc_url, "vllm_backend", tensors, request_id=rid, cancel_after_chunks=3,
+                    timeout_s=60, parameters={"cancel_via_stop": True})
+    assert r.cancelled
+    time.sleep(1.5)  # several cancellation-check intervals
+    text = scrape(server)
+    assert metric_value(text, "vllm:request_aborted_total", **labels) == aborted0
+    assert metric_value(text, "vllm:num_requests_running", **labels) == 1  # still generating
+    stop = stream_grpc(server.grpc_url, "vllm_backend", vllm_stop_tensors(), request_id=rid, timeout_s=30)
+    assert stop.ok, stop.error
+    wait_for(lambda: metric_value(scrape(server), "vllm:num_requests_running", **labels) == 0, 10,
+             "the stopped request to leave the engine")
+    assert metric_value(scrape(server), "vllm:request_aborted_total", **labels) == aborted0 + 1
 
 
 def test_cancelling_a_trtllm_stream_stops_generation(server):
