@@ -197,3 +197,78 @@ def test_queues_an_engine_maps_after_the_guard_started_are_removed_too() -> None
             os.unlink(late_file)
         except OSError:
             pass
+
+
+# A stub as Triton runs it: it starts an engine process and a helper child (like
+# multiprocessing's resource tracker), then its guard with start_guard, which watches the
+# stub and the stub's parent (here: the "server" process that launched it).
+_STUB = """
+import subprocess, sys, time
+sys.path.insert(0, {pkg!r})
+from hybrid_router import orphan_guard as og
+sleep = [sys.executable, '-c', 'import time; time.sleep(120)']
+engine, helper = subprocess.Popen(sleep), subprocess.Popen(sleep)
+g = og.start_guard([engine.pid])
+print(engine.pid, helper.pid, g.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_crashed_server_takes_its_stub_and_everything_the_stub_started() -> None:
+    import os
+    from pathlib import Path
+
+    pkg = str(Path(og.__file__).resolve().parents[1])
+    stub_code = _STUB.format(pkg=pkg)
+    server_code = ("import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c',%r]); "
+                   "print(p.pid, flush=True); time.sleep(120)") % stub_code
+    server = subprocess.Popen([sys.executable, "-c", server_code], stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        stub = int(server.stdout.readline())
+        deadline = time.monotonic() + 20
+        while len(og.tree([stub])) < 4 and time.monotonic() < deadline:  # stub, engine, helper, guard
+            time.sleep(0.1)
+        pids = og.tree([stub])
+        assert len(pids) == 4, pids
+        time.sleep(1.5)
+        assert all(og.start_time(pid) is not None for pid in pids)  # server alive: nothing happens
+        server.kill()
+        server.wait()
+        deadline = time.monotonic() + 15
+        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if _running(pid)], "processes outlived the crashed server"
+    finally:
+        server.kill()
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+
+
+def test_a_stub_whose_engine_already_ended_still_dies_with_the_server() -> None:
+    server, owner, target = _sleeper(), _sleeper(), _sleeper()
+    try:
+        guard = _guard_process(owner, target, server)
+        target.kill()
+        target.wait()
+        time.sleep(1.5)
+        assert guard.poll() is None and owner.poll() is None  # the guard keeps watching
+        server.kill()
+        server.wait()
+        assert _gone(owner), "stub survived the server after its engine had ended"
+        assert guard.wait(10) == 0
+    finally:
+        for p in (server, owner, target):
+            p.kill()
+
+
+def _running(pid: int) -> bool:
+    """Exists and is not a zombie (reparented zombies may wait for a reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

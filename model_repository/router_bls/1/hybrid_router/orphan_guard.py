@@ -5,13 +5,12 @@ nothing ties them to the Triton Python stub that owns them: if the stub is SIGKI
 (or crashes), they live on holding their memory and cores while Triton starts a new
 stub with a new engine. ``start_guard`` launches this file as a small separate process
 that polls the stub once a second; when the stub is gone it SIGKILLs the engine
-processes and everything below them, then exits. It also exits when the engine
-processes end on their own (normal unload). It also watches the stub's parent, the
-tritonserver: when the server crashes, its stubs are reparented and live on (seen: a
-stub and its engine, 3 GB, still running minutes after a SIGSEGV of the server), so
-then the stub is killed along with the engine processes. Processes are identified by
-pid and start time, so a recycled pid is never killed. Linux only (/proc). No Triton
-imports.
+processes and everything below them, then exits (a normal unload stops it first). It
+also watches the stub's parent, the tritonserver: when the server crashes, its stubs
+are reparented and live on (seen: a stub and its engine, 3 GB, still running minutes
+after a SIGSEGV of the server), so then the stub is killed along with everything below
+it. Processes are identified by pid and start time, so a recycled pid is never killed.
+Linux only (/proc). No Triton imports.
 """
 
 from __future__ import annotations
@@ -97,23 +96,28 @@ def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: floa
     """Wait for the owner (or the server above it) to die, then SIGKILL the targets' trees;
     returns how many processes were killed.
 
-    When the server died first, the owner is killed too. Shared-memory files the targets
-    map (at the start, and again just before the kill, as engines create queues later)
-    are removed after the kill; when the server died, so are the owner's.
+    When the server died first, the owner is killed too, with everything below it. While
+    a server is watched, the guard stays after the targets end on their own: a stub whose
+    engine already stopped can still hang on after a server crash (its shutdown waits on
+    IPC to the dead server). Shared-memory files the targets map (at the start, and again
+    just before the kill, as engines create queues later) are removed after the kill;
+    when the server died, so are the owner's.
     """
     shm = set(shm_paths([pid for pid, _ in targets]))
     while True:
         live = [(pid, st) for pid, st in targets if alive(pid, st)]
-        if not live:
-            return 0
         owner_dead = not alive(*owner)
         server_dead = server is not None and not alive(*server)
         if owner_dead or server_dead:
             roots = [pid for pid, _ in live]
             if not owner_dead:
                 roots.append(owner[0])  # its files go too: nobody else will use them
+            if not roots:
+                return 0
             shm |= set(shm_paths(roots))
-            victims = tree(roots)
+            # This guard is a child of the owner: never in its own kill list, or it could
+            # die halfway through it (and leave the rest, and the files, behind).
+            victims = [pid for pid in tree(roots) if pid != os.getpid()]
             for pid in victims:
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -122,6 +126,8 @@ def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: floa
             time.sleep(0.5)
             unlink_all(sorted(shm))
             return len(victims)
+        if not live and server is None:
+            return 0
         time.sleep(period_s)
 
 
