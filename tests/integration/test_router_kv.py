@@ -1,7 +1,10 @@
-"""Lowering the KV watermark parameter moves interactive traffic off a loaded vLLM engine."""
+"""Lowering the KV watermark parameter moves interactive traffic off a loaded vLLM engine;
+a vLLM ``stream_interval`` above 1 streams fewer, larger responses, directly and through
+the router, with the same text. (One server for both: a test repository of its own.)"""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -14,10 +17,13 @@ from tests.server_fixture import metric_value, running_server, scrape
 pytestmark = pytest.mark.integration
 
 
+STREAM_INTERVAL = 4
+
+
 @pytest.fixture(scope="module")
 def server():
     overrides = {"router_kv_watermark": "0.001", "router_fallback_target": "trtllm",
-                 "router_metrics_poll_ms": "200"}
+                 "router_metrics_poll_ms": "200", "vllm_stream_interval": str(STREAM_INTERVAL)}
     with running_server("router_kv", overrides=overrides) as s:
         yield s
 
@@ -25,6 +31,28 @@ def server():
 def short(server):
     req = GenerationRequest("hello there, general", max_tokens=4, temperature=0.0, latency_sla_ms=50.0)
     return stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=60)
+
+
+def test_stream_interval_sends_fewer_responses_with_the_same_text(server):
+    # Runs first: the router must see an idle vLLM (KV usage 0) to route a short prompt there.
+    prompt = "The history of the printing press in Europe began"
+    routed = stream_grpc(server.grpc_url, "router_bls",
+                         router_tensors(GenerationRequest(prompt, max_tokens=40, temperature=0.0,
+                                                          latency_sla_ms=50.0)), timeout_s=60)
+    assert routed.ok and routed.backend == "vllm_backend", (routed.backend, routed.error)
+    direct = stream_grpc(server.grpc_url, "vllm_backend",
+                         vllm_tensors(GenerationRequest(prompt, max_tokens=40, temperature=0.0)), timeout_s=60)
+    assert direct.ok, direct.error
+    n = direct.num_output_tokens or 0
+    assert n >= 3 * STREAM_INTERVAL, f"only {n} tokens generated; the check needs a longer answer"
+    # vLLM sends the first token at once, then every STREAM_INTERVAL tokens, then the rest.
+    assert len(direct.chunk_times_s) <= 2 + math.ceil(n / STREAM_INTERVAL) < n, (len(direct.chunk_times_s), n)
+    whole = stream_grpc(server.grpc_url, "vllm_backend",
+                        vllm_tensors(GenerationRequest(prompt, max_tokens=40, temperature=0.0, stream=False)),
+                        timeout_s=60)
+    assert whole.ok and whole.text == direct.text
+    assert routed.text == direct.text and routed.num_output_tokens == n
+    assert len(routed.chunk_times_s) <= 2 + math.ceil(n / STREAM_INTERVAL)
 
 
 def test_kv_pressure_on_vllm_moves_interactive_requests(server):

@@ -235,3 +235,34 @@ def test_dockerfile_passes_hadolint():
     assert "vllm==${VLLM_VERSION}" in text and "ARG VLLM_VERSION=0.11.0" in text
     entry = ROOT / "build_scripts" / "docker_entrypoint.sh"
     assert subprocess.run(["bash", "-n", str(entry)]).returncode == 0
+
+
+def test_engine_args_drop_a_newer_arg_at_its_default_where_vllm_lacks_it():
+    from hybrid_router.engine_host import engine_args_for
+
+    @dataclasses.dataclass
+    class OldArgs:  # an engine-args class without stream_interval (vLLM 0.11)
+        model: str = ""
+        max_num_seqs: int = 8
+
+    assert engine_args_for(OldArgs, {"model": "m", "stream_interval": 1}) == {"model": "m"}
+    with pytest.raises(ValueError, match="'stream_interval' = 8.*set it to 1"):
+        engine_args_for(OldArgs, {"model": "m", "stream_interval": 8})
+    with pytest.raises(ValueError, match=r"not vLLM engine arguments: \['swap_spce'\]"):
+        engine_args_for(OldArgs, {"model": "m", "swap_spce": 4})
+
+    @dataclasses.dataclass
+    class NewArgs(OldArgs):
+        stream_interval: int = 1
+
+    assert engine_args_for(NewArgs, {"model": "m", "stream_interval": 8}) == {"model": "m", "stream_interval": 8}
+
+
+def test_rendered_stream_interval_is_accepted_by_the_installed_vllm(repos):
+    from hybrid_router.engine_host import engine_args_for
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    for profile in PROFILES:
+        args = json.loads((repos[profile] / "vllm_backend" / "1" / "model.json").read_text())
+        assert args["stream_interval"] == 1
+        assert engine_args_for(AsyncEngineArgs, args)["stream_interval"] == 1
