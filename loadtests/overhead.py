@@ -38,7 +38,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from . import proc_cpu, stage_report
 from .runner import RequestRecord, Summary, format_table, run_closed_loop, send, summarize
@@ -110,6 +110,7 @@ class Side:
         self.wall_s = 0.0
         self.cpu: dict[str, float] = {}
         self.stages: dict[str, list[float]] = {}  # label -> [seconds, count]
+        self.round_tps: list[float] = []  # tokens per second of each round, in order
 
     def stage_means(self) -> dict[str, float]:
         """Mean seconds per request of each attribution stage (plus the client's TTFT)."""
@@ -149,6 +150,7 @@ def measure(url: str, model: str, prompts: PromptFactory, mix_name: str, concurr
             side.cpu[role] = side.cpu.get(role, 0.0) + sec
     side.records.extend(records)
     side.wall_s += wall
+    side.round_tps.append(summarize(records, wall_s=wall, from_arrival=False).tps)
 
 
 def _ms(v: float | None) -> str:
@@ -159,8 +161,14 @@ def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
+def round_ratios(direct_tps: Sequence[float], routed_tps: Sequence[float]) -> list[float]:
+    """Router / direct throughput of each round pair (rounds run back to back), to show the spread."""
+    return [r / d for d, r in zip(direct_tps, routed_tps) if d > 0]
+
+
 def row(level: int, direct: Summary, routed: Summary, cpu: dict[str, dict[str, float]] | None = None,
-        stages: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+        stages: dict[str, dict[str, float]] | None = None,
+        ratios: Sequence[float] = ()) -> dict[str, Any]:
     """The comparison of one concurrency level."""
     return {
         "concurrency": level,
@@ -168,12 +176,13 @@ def row(level: int, direct: Summary, routed: Summary, cpu: dict[str, dict[str, f
         "cpu_us_per_token": cpu or {},
         "stage_means_s": stages or {},
         "throughput_ratio": (routed.tps / direct.tps) if direct.tps else None,
+        "round_ratios": list(ratios),
         "added_ttft_p50_s": _diff(routed.ttft_p50_s, direct.ttft_p50_s),
         "added_ttft_p99_s": _diff(routed.ttft_p99_s, direct.ttft_p99_s),
     }
 
 
-HEADER = ("streams", "direct tok/s", "router tok/s", "ratio", "direct TTFT p50/p99 ms",
+HEADER = ("streams", "direct tok/s", "router tok/s", "ratio", "per round", "direct TTFT p50/p99 ms",
           "router TTFT p50/p99 ms", "added TTFT p50 ms", "added TTFT p99 ms", "errors d/r")
 
 
@@ -183,7 +192,8 @@ def format_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     for r in rows:
         d, x = r["direct"], r["router"]
         ratio = "-" if r["throughput_ratio"] is None else f"{r['throughput_ratio']:.2f}"
-        out.append((str(r["concurrency"]), f"{d['tps']:.0f}", f"{x['tps']:.0f}", ratio,
+        rounds = "/".join(f"{v:.2f}" for v in r.get("round_ratios") or ()) or "-"
+        out.append((str(r["concurrency"]), f"{d['tps']:.0f}", f"{x['tps']:.0f}", ratio, rounds,
                     f"{_ms(d['ttft_p50_s'])}/{_ms(d['ttft_p99_s'])}", f"{_ms(x['ttft_p50_s'])}/{_ms(x['ttft_p99_s'])}",
                     _ms(r["added_ttft_p50_s"]), _ms(r["added_ttft_p99_s"]), f"{d['errors']}/{x['errors']}"))
     return out
@@ -274,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             cpu = {"direct": sides[DIRECT].cpu_us_per_token(), "router": sides[ROUTED].cpu_us_per_token()} \
                 if pids else None
             stages = {"direct": sides[DIRECT].stage_means(), "router": sides[ROUTED].stage_means()}
-            rows.append(row(level, direct, routed, cpu, stages))
+            rows.append(row(level, direct, routed, cpu, stages,
+                            round_ratios(sides[DIRECT].round_tps, sides[ROUTED].round_tps)))
             print(f"[overhead] {level} streams: direct {direct.tps:.0f} tok/s, router {routed.tps:.0f} tok/s",
                   flush=True)
     cells = format_rows(rows)
@@ -296,7 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / "overhead.md").write_text(
         "# Router overhead (router_bls, policy vllm_only, vs vllm_backend directly)\n\n"
         f"Closed loop, {args.repeats} x {args.duration:g} s per target and level, mix {args.mix}: "
-        f"{get_mix(args.mix).describe()}. TTFT from stream start; ratio = router / direct tokens per second.\n\n"
+        f"{get_mix(args.mix).describe()}. TTFT from stream start; ratio = router / direct tokens per second "
+        "(pooled; 'per round': each pair of rounds run back to back).\n\n"
+        + (f"Server profile values set: {', '.join(f'{k}={v}' for k, v in sorted(overrides.items()))}.\n\n"
+           if overrides and not args.url else "")
         + format_table(HEADER, cells, markdown=True) + "\n"
         + ("\n## Where the time to first token goes (means per request from /metrics)\n\n"
            + format_table(stage_header, stage_cells, markdown=True) + "\n" if stage_cells else "")

@@ -456,3 +456,14 @@ def test_overhead_attribution_of_the_direct_path_has_no_bls_row():
     got = attribution_deltas(_scrape(10, 1000, 0.5), _scrape(30, 5000, 1.5), "vllm_backend")
     assert got["Triton queue, entry model"] == pytest.approx((0.002, 20))
     assert "Triton queue, vllm_backend (BLS)" not in got
+
+
+def test_overhead_table_shows_each_round_pairs_ratio():
+    from loadtests.overhead import HEADER, format_rows, round_ratios, row
+    from loadtests.runner import summarize
+
+    assert round_ratios([100.0, 200.0, 0.0], [90.0, 220.0, 5.0]) == pytest.approx([0.9, 1.1])
+    empty = summarize([], wall_s=1.0, from_arrival=False)
+    cells = format_rows([row(64, empty, empty, ratios=[0.9, 1.1])])
+    assert cells[0][HEADER.index("per round")] == "0.90/1.10"
+    assert format_rows([row(1, empty, empty)])[0][HEADER.index("per round")] == "-"
