@@ -62,3 +62,31 @@ def test_stop_word_helpers():
     assert find_stop("nothing", ["END"]) == -1
     assert _stop_holdback("abc EN", ["END"]) == 2
     assert _stop_holdback("abc", ["END"]) == 0
+
+
+# ---------------------------------------------------------------- merging streamed deltas
+def test_delta_merger_sends_the_first_delta_at_once_then_every_n_tokens_then_the_rest():
+    from hybrid_router.chunking import DeltaMerger
+
+    m = DeltaMerger(4)
+    deltas = [("A", 1)] + [(c, 1) for c in "bcdefghij"]  # 10 tokens, one per delta
+    sent = []
+    for i, (text, n) in enumerate(deltas):
+        out = m.push(text, n, finished=i == len(deltas) - 1)
+        if out is not None:
+            sent.append(out)
+    assert sent == [("A", 1), ("bcde", 4), ("fghi", 4), ("j", 1)]
+    assert "".join(t for t, _ in sent) == "Abcdefghij" and sum(n for _, n in sent) == 10
+
+
+def test_delta_merger_waits_for_a_real_first_token_and_flushes_on_finish():
+    from hybrid_router.chunking import DeltaMerger
+
+    m = DeltaMerger(3)
+    assert m.push("", 0, finished=False) == ("", 0)  # nothing generated yet: still "first"
+    assert m.push("x", 1, finished=False) == ("x", 1)
+    assert m.push("y", 1, finished=False) is None
+    assert m.push("z", 2, finished=False) == ("yz", 3)  # a multi-token delta counts its tokens
+    assert m.push("", 0, finished=True) == ("", 0)  # the end goes even when empty
+    with pytest.raises(ValueError, match=">= 1 token"):
+        DeltaMerger(0)

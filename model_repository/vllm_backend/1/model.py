@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from hybrid_router import triton_adapter as ta  # noqa: E402
+from hybrid_router.chunking import DeltaMerger  # noqa: E402
 from hybrid_router.contracts import VLLM_INPUTS, InvalidInput  # noqa: E402
 from hybrid_router.engine_metrics import VllmMetricsSink  # noqa: E402
 from hybrid_router.engine_model import EngineModelBase  # noqa: E402
@@ -41,6 +42,20 @@ class TritonPythonModel(EngineModelBase):
     """Decoupled vLLM model: streams text deltas, aborts on cancel, exports vllm:* metrics."""
 
     log_prefix = "[vllm_backend]"
+    merge_tokens = 1  # >1: this model merges streamed deltas (a vLLM without stream_interval)
+
+    def adapt_engine_args(self, engine_args: dict[str, Any]) -> dict[str, Any]:
+        """Take ``stream_interval`` out when the installed vLLM lacks it; this model merges deltas then."""
+        from hybrid_router.engine_host import engine_has_arg
+
+        if "stream_interval" in engine_args and not engine_has_arg("stream_interval"):
+            value = engine_args.pop("stream_interval")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"model.json 'stream_interval' = {value!r}: use a whole number of tokens >= 1")
+            self.merge_tokens = value
+            if value > 1:
+                self.log.info(f"this vLLM has no stream_interval; {self.model_name} merges every {value} tokens")
+        return engine_args
 
     def make_sink(self) -> VllmMetricsSink:
         """vllm:* families labelled with this model."""
@@ -88,6 +103,7 @@ class TritonPythonModel(EngineModelBase):
         n_in = 0
         finish = None
         final_sent = False
+        merger = DeltaMerger(self.merge_tokens) if job.stream and self.merge_tokens > 1 else None
         try:
             async for out in self.host.generate(job.prompt, params, request_id, job.priority):
                 if cancelled():
@@ -100,8 +116,13 @@ class TritonPythonModel(EngineModelBase):
                 n_out += len(delta.token_ids)
                 finish = delta.finish_reason
                 if job.stream:
-                    outputs = self._outputs(job, delta.text, finish, n_in, len(delta.token_ids))
-                    ta.send(sender, outputs, final=out.finished)
+                    text, n_new = delta.text, len(delta.token_ids)
+                    if merger is not None:
+                        merged = merger.push(text, n_new, out.finished)
+                        if merged is None:
+                            continue
+                        text, n_new = merged
+                    ta.send(sender, self._outputs(job, text, finish, n_in, n_new), final=out.finished)
                     final_sent = out.finished
                 else:
                     pieces.append(delta.text)

@@ -232,28 +232,23 @@ class EngineHost:
         unlink_all(self._shm)
 
 
-# Engine args newer than some supported vLLM releases, with the value that means "off":
-# at that value they are dropped where the installed vLLM lacks them (vLLM 0.11 of the
-# GPU image has no ``stream_interval``); any other value needs a vLLM that has them.
-NEWER_ENGINE_ARGS: dict[str, Any] = {"stream_interval": 1}
-
-
 def engine_args_for(args_class: Any, engine_args: dict[str, Any]) -> dict[str, Any]:
-    """The model.json engine args the installed vLLM accepts (newer ones at their default dropped)."""
+    """The model.json engine args, checked against the installed vLLM's engine-argument class."""
     import dataclasses
 
-    known = {f.name for f in dataclasses.fields(args_class)}
-    out = dict(engine_args)
-    for key, default in NEWER_ENGINE_ARGS.items():
-        if key in out and key not in known:
-            if out[key] != default:
-                raise ValueError(f"model.json sets '{key}' = {out[key]!r}, which this vLLM does not support; "
-                                 f"set it to {default!r} or install a vLLM with that engine argument")
-            del out[key]
-    unknown = sorted(set(out) - known)
+    unknown = sorted(set(engine_args) - {f.name for f in dataclasses.fields(args_class)})
     if unknown:
-        raise ValueError(f"model.json has keys that are not vLLM engine arguments: {unknown}")
-    return out
+        raise ValueError(f"model.json has keys that are not engine arguments of this vLLM: {unknown}")
+    return dict(engine_args)
+
+
+def engine_has_arg(name: str) -> bool:
+    """True when the installed vLLM has the engine argument ``name``."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return name in {f.name for f in dataclasses.fields(AsyncEngineArgs)}
 
 
 def _cmdline(pid: int) -> str:

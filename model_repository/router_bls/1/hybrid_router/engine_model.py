@@ -67,7 +67,7 @@ class EngineModelBase:
         if restart not in ("true", "false"):
             raise ValueError(f"config.pbtxt parameter 'restart_on_engine_death' = {restart!r}: use true or false")
         self.restart_on_death = restart == "true"
-        self.engine_args = engine_args
+        self.engine_args = self.adapt_engine_args(engine_args)
         self.metrics = ta.Metrics()
         self.sink = self.make_sink()
         self.host = EngineHost(engine_args, self.sink)
@@ -142,6 +142,10 @@ class EngineModelBase:
                                                      daemon=True)
                 self._restarting.start()
         return True
+
+    def adapt_engine_args(self, engine_args: dict[str, Any]) -> dict[str, Any]:
+        """Engine args as the engine gets them (subclasses take out what they handle themselves)."""
+        return engine_args
 
     def make_sink(self) -> EngineStatsSink:
         """The metrics sink of this model (subclasses override)."""
