@@ -231,14 +231,15 @@ def test_a_crashed_server_takes_its_stub_and_everything_the_stub_started() -> No
             time.sleep(0.1)
         pids = og.tree([stub])
         assert len(pids) == 4, pids
+        started = {pid: og.start_time(pid) for pid in pids}
         time.sleep(1.5)
-        assert all(og.start_time(pid) is not None for pid in pids)  # server alive: nothing happens
+        assert all(og.alive(pid, st) for pid, st in started.items())  # server alive: nothing happens
         server.kill()
         server.wait()
         deadline = time.monotonic() + 15
-        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(og.alive(pid, st) for pid, st in started.items()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not [pid for pid in pids if _running(pid)], "processes outlived the crashed server"
+        assert not [pid for pid, st in started.items() if og.alive(pid, st)], "processes outlived the crashed server"
     finally:
         server.kill()
         for pid in pids:
@@ -263,12 +264,3 @@ def test_a_stub_whose_engine_already_ended_still_dies_with_the_server() -> None:
     finally:
         for p in (server, owner, target):
             p.kill()
-
-
-def _running(pid: int) -> bool:
-    """Exists and is not a zombie (reparented zombies may wait for a reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

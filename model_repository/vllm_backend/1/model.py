@@ -46,9 +46,9 @@ class TritonPythonModel(EngineModelBase):
 
     def adapt_engine_args(self, engine_args: dict[str, Any]) -> dict[str, Any]:
         """Take ``stream_interval`` out when the installed vLLM lacks it; this model merges deltas then."""
-        from hybrid_router.engine_host import engine_has_arg
+        from hybrid_router.engine_host import engine_arg_names
 
-        if "stream_interval" in engine_args and not engine_has_arg("stream_interval"):
+        if "stream_interval" in engine_args and "stream_interval" not in engine_arg_names():
             value = engine_args.pop("stream_interval")
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"model.json 'stream_interval' = {value!r}: use a whole number of tokens >= 1")

@@ -232,23 +232,21 @@ class EngineHost:
         unlink_all(self._shm)
 
 
-def engine_args_for(args_class: Any, engine_args: dict[str, Any]) -> dict[str, Any]:
-    """The model.json engine args, checked against the installed vLLM's engine-argument class."""
+def engine_arg_names(args_class: Any = None) -> set[str]:
+    """Names of the engine arguments of ``args_class`` (default: the installed vLLM's AsyncEngineArgs)."""
     import dataclasses
 
-    unknown = sorted(set(engine_args) - {f.name for f in dataclasses.fields(args_class)})
+    if args_class is None:
+        from vllm.engine.arg_utils import AsyncEngineArgs as args_class
+    return {f.name for f in dataclasses.fields(args_class)}
+
+
+def engine_args_for(args_class: Any, engine_args: dict[str, Any]) -> dict[str, Any]:
+    """The model.json engine args, checked against the installed vLLM's engine-argument class."""
+    unknown = sorted(set(engine_args) - engine_arg_names(args_class))
     if unknown:
         raise ValueError(f"model.json has keys that are not engine arguments of this vLLM: {unknown}")
     return dict(engine_args)
-
-
-def engine_has_arg(name: str) -> bool:
-    """True when the installed vLLM has the engine argument ``name``."""
-    import dataclasses
-
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    return name in {f.name for f in dataclasses.fields(AsyncEngineArgs)}
 
 
 def _cmdline(pid: int) -> str:

@@ -70,7 +70,7 @@ class EngineModelBase:
         self.engine_args = self.adapt_engine_args(engine_args)
         self.metrics = ta.Metrics()
         self.sink = self.make_sink()
-        self.host = EngineHost(engine_args, self.sink)
+        self.host = EngineHost(self.engine_args, self.sink)
         self._restart_lock = threading.Lock()
         self._restarting: threading.Thread | None = None
         self._open: dict[str, tuple[EngineHost, Any]] = {}  # submission -> (host, sender) in flight
