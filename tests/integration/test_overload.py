@@ -70,7 +70,6 @@ def _bursts_until_refused(send: Callable[[int], StreamResult], n: int, tries: in
             return results
     pytest.skip(f"Triton handed {tries} bursts of {n} to router_bls no faster than slots freed: "
                 "no refusal to check (README, Known limits)")
-    return results
 
 
 # Runs before the gRPC burst: after it, Triton 2.51's gRPC frontend was seen holding
