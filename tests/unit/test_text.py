@@ -11,6 +11,7 @@ from hybrid_router import prom
 from hybrid_router.detok import IncrementalDetokenizer
 from hybrid_router.requests import find_stop
 from hybrid_router.service import _stop_holdback
+from hybrid_router.tokens import PROBES, prompt_encoder
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-llama"
 
@@ -90,3 +91,43 @@ def test_delta_merger_waits_for_a_real_first_token_and_flushes_on_finish():
     assert m.push("", 0, finished=True) == ("", 0)  # the end goes even when empty
     with pytest.raises(ValueError, match=">= 1 token"):
         DeltaMerger(0)
+
+
+SCRIPTS = ["日本語のテキストと中文文本", "emoji 😀🚀✨ and 👩‍👩‍👧", "café naïve façade Ελληνικά Русский",
+           "plain ascii text, with punctuation!", "한국어 텍스트 mixed with English", "x" * 5000]
+
+
+def test_prompt_encoder_takes_the_rust_path_with_the_same_ids(tokenizer):
+    encode, path = prompt_encoder(tokenizer)
+    assert path == "rust"
+    for text in SCRIPTS + list(PROBES):
+        assert encode(text) == tokenizer.encode(text, add_special_tokens=True), text
+
+
+class _Ids:
+    def __init__(self, ids):
+        self.ids = ids
+
+
+class _Backend:
+    def __init__(self, shift):
+        self.shift = shift
+
+    def encode(self, text, add_special_tokens=True):
+        return _Ids([1] + [ord(c) + self.shift for c in text])
+
+
+class _Tokenizer:
+    def __init__(self, backend):
+        if backend is not None:
+            self.backend_tokenizer = backend
+
+    def encode(self, text, add_special_tokens=True):
+        return [1] + [ord(c) for c in text]
+
+
+@pytest.mark.parametrize("backend, path", [(_Backend(0), "rust"), (_Backend(1), "transformers"),
+                                           (None, "transformers")])
+def test_prompt_encoder_keeps_transformers_unless_the_backend_agrees(backend, path):
+    encode, taken = prompt_encoder(_Tokenizer(backend))
+    assert taken == path and encode("héllo") == [1] + [ord(c) for c in "héllo"]

@@ -18,6 +18,7 @@ from hybrid_router.contracts import CANCEL_VIA_STOP, ROUTER_INPUTS, InvalidInput
 from hybrid_router.metrics import RouterMetrics  # noqa: E402
 from hybrid_router.requests import build_job  # noqa: E402
 from hybrid_router.service import EngineError, RouterService  # noqa: E402
+from hybrid_router.tokens import prompt_encoder  # noqa: E402
 
 
 class TritonTransport:
@@ -61,6 +62,7 @@ class TritonPythonModel:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.tokenizer_dir)
+        self._tokenize, encoder = prompt_encoder(self.tokenizer)
         self.writer = ta.Metrics()
         self.metrics = RouterMetrics(self.writer, model=args["model_name"],
                                      latency_buckets=self.cfg.latency_buckets_s,
@@ -70,10 +72,7 @@ class TritonPythonModel:
                                      log=self.log.info)
         self.service.start()
         self.log.info(f"policy={self.cfg.policy} fallback={self.cfg.fallback_target} "
-                      f"targets={self.cfg.trtllm_model},{self.cfg.vllm_model}")
-
-    def _tokenize(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=True)
+                      f"targets={self.cfg.trtllm_model},{self.cfg.vllm_model} prompt encoder={encoder}")
 
     def execute(self, requests: list[Any]) -> None:
         """Validate each request and queue it; responses are sent by the service."""
