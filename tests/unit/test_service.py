@@ -30,12 +30,16 @@ class FakeTransport:
         self.stops = []
         self.cancelled = set()
         self.checks = 0
+        self.checked = []  # senders whose cancel flag was looked at
+        self.started = []  # request ids of generation calls that reached an engine
         self.lock = threading.Lock()
 
     def stream(self, model, inputs, request_id, outputs):
         if "stop" in inputs:
             self.stops.append((model, request_id))
             return iter(())
+        with self.lock:
+            self.started.append(request_id)
         return self._gen(model, inputs)
 
     def _gen(self, model, inputs):
@@ -65,6 +69,7 @@ class FakeTransport:
     def is_cancelled(self, sender):
         with self.lock:
             self.checks += 1
+            self.checked.append(sender)
         return sender in self.cancelled
 
 
@@ -161,7 +166,8 @@ def test_cancel_stops_the_engine_request():
         svc.stop()
 
 
-@pytest.mark.parametrize("interval_ms, checks", [(0, 50), (60_000, 1)])
+# 0 ms: one check before dispatch (the request "waited" >= 0 ms) and one per response.
+@pytest.mark.parametrize("interval_ms, checks", [(0, 51), (60_000, 1)])
 def test_cancel_checks_are_rate_limited_per_stream(interval_ms, checks):
     # Each check is an IPC round trip in Triton: at most one per cancel_check_ms per stream.
     t = FakeTransport(pieces=("a",) * 50)
@@ -171,6 +177,31 @@ def test_cancel_checks_are_rate_limited_per_stream(interval_ms, checks):
         wait_done(t, ["s"])
         assert t.checks == checks and t.sent["s"]["text"] == "a" * 50
     finally:
+        svc.stop()
+
+
+@pytest.mark.parametrize("client_left", [True, False])
+def test_a_request_whose_client_left_while_queued_never_reaches_the_engine(client_left):
+    gate = threading.Event()
+    t = FakeTransport(gate=gate, pieces=())  # no responses: no per-response cancel checks either
+    svc = service(t, policy="vllm_only", vllm_capacity=1, cancel_check_ms=20)
+    try:
+        assert svc.admit(job(10, 50.0), "first") and svc.admit(job(10, 50.0), "queued")
+        if client_left:
+            t.cancelled.add("queued")
+        time.sleep(0.1)  # "queued" waits behind "first" for longer than cancel_check_ms
+        assert svc.dispatcher.queued("vllm_backend") == 1
+        gate.set()
+        wait_done(t, ["first", "queued"])
+        assert t.sent["first"]["final"] and "queued" in t.checked  # looked at before dispatch
+        if client_left:
+            assert t.sent["queued"] == {"text": "", "final": True, "backend": None}
+            assert len(t.started) == 1 and t.stops == []
+        else:
+            assert t.sent["queued"]["backend"] == "vllm_backend" and len(t.started) == 2
+        assert svc.dispatcher.in_flight == {"vllm_backend": 0, "trtllm": 0}
+    finally:
+        gate.set()
         svc.stop()
 
 

@@ -20,7 +20,7 @@ FAMILIES = (
     ("router_requests_total", "Requests routed, by engine and the rule that chose it.", "counter"),
     ("router_rejected_total", "Requests refused before routing, by reason.", "counter"),
     ("router_failovers_total", "Requests moved to the other engine before their first token.", "counter"),
-    ("router_cancelled_total", "Requests cancelled by the client while streaming.", "counter"),
+    ("router_cancelled_total", "Requests cancelled by the client while streaming or queued in the router.", "counter"),
     ("router_errors_total", "Requests that ended with an engine error, by engine and code.", "counter"),
     ("router_queue_wait_seconds", "Time in the router queue before dispatch, by priority class.", "histogram"),
     ("router_ttft_seconds", "Time from arrival at the router to the first streamed token.", "histogram"),

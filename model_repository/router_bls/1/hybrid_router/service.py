@@ -328,6 +328,10 @@ class RouterService:
     def _attempt(self, p: Pending, engine: str, allow_failover: bool) -> str:
         job, st = p.job, self.engines[engine]
         model = self.cfg.model_name(engine)
+        if self._left_while_queued(p):
+            self.metrics.cancelled(engine)
+            self._send(p, engine, None, final=True)
+            return "cancelled"
         if not st.breaker.allow() or not st.ready:
             return "failover" if allow_failover and self._other_up(engine) else self._fail(
                 p, engine, f"engine {model} is unavailable (circuit open or not ready)", "UNAVAILABLE")
@@ -414,6 +418,16 @@ class RouterService:
             text = full if job.exclude_input else job.prompt + full
             sent = self._send(p, engine, self._outputs(job, text, engine, n_out), final=True)
         return "done" if sent else "abandoned"
+
+    def _left_while_queued(self, p: Pending) -> bool:
+        """True when the client cancelled while the request waited in the router queue.
+
+        Checked once before dispatch, and only for a request that waited at least
+        ``cancel_check_ms`` (each check is an IPC round trip): under overload, clients
+        that give up while queued must not cost the engine a prefill.
+        """
+        waited_ms = (self.clock() - p.arrived) * 1000.0
+        return waited_ms >= self.cfg.cancel_check_ms and self.transport.is_cancelled(p.sender)
 
     def end_streams_on(self, engine: str) -> int:
         """Take every request in flight off an engine that reported itself dead.
