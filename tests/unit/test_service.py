@@ -205,6 +205,66 @@ def test_a_request_whose_client_left_while_queued_never_reaches_the_engine(clien
         svc.stop()
 
 
+class QuietTransport(FakeTransport):
+    """vllm_backend says nothing (a long prefill) until ``release`` is set or a stop request
+    arrives; a stopped request's stream then ends without output."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+        self.stopped = threading.Event()
+        self.reached = threading.Event()
+
+    def stream(self, model, inputs, request_id, outputs):
+        if "stop" in inputs:
+            self.stopped.set()
+            self.release.set()
+        return super().stream(model, inputs, request_id, outputs)
+
+    def _gen(self, model, inputs):
+        self.reached.set()
+        self.release.wait(10)
+        if self.stopped.is_set():
+            return
+        yield from super()._gen(model, inputs)
+
+
+def test_a_client_that_leaves_during_a_long_prefill_is_noticed_and_the_engine_stopped():
+    t = QuietTransport()
+    t.cancelled.add("x")
+    svc = service(t, policy="vllm_only", cancel_check_ms=50)  # quiet attempts: checked every 0.5 s
+    try:
+        t0 = time.monotonic()
+        svc.admit(job(10, 50.0), "x")
+        wait_done(t, ["x"])
+        assert time.monotonic() - t0 < 3.0
+        assert t.sent["x"] == {"text": "", "final": True, "backend": None}
+        assert [m for m, _ in t.stops] == ["vllm_backend"]  # one stop, for this request
+        deadline = time.monotonic() + 2
+        while svc.dispatcher.in_flight["vllm_backend"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert svc.dispatcher.in_flight == {"vllm_backend": 0, "trtllm": 0}
+    finally:
+        t.release.set()
+        svc.stop()
+
+
+def test_a_quiet_attempt_whose_client_stays_is_looked_at_but_left_alone():
+    t = QuietTransport()
+    svc = service(t, policy="vllm_only", cancel_check_ms=50)
+    try:
+        svc.admit(job(10, 50.0), "y")
+        assert t.reached.wait(5)
+        time.sleep(1.3)  # two or more watcher rounds
+        assert t.checked.count("y") >= 1 and t.stops == [] and "y" not in t.sent
+        t.release.set()
+        wait_done(t, ["y"])
+        assert t.sent["y"] == {"text": "abcdef", "final": True, "backend": "vllm_backend"}
+    finally:
+        t.release.set()
+        svc.stop()
+
+
 def test_an_engine_that_reports_itself_down_gets_no_traffic():
     t = FakeTransport()
     svc = service(t)

@@ -30,6 +30,9 @@ from .requests import (
 )
 
 
+QUIET_MIN_S = 0.5  # the watcher's period: streaming attempts hear from their engine more often
+
+
 class EngineError(RuntimeError):
     """An engine answered with an error (code: a Triton error code name)."""
 
@@ -80,6 +83,12 @@ class Pending:
     failed_over: bool = False
     released: set = field(default_factory=set)
     emitted: int = 0
+    # When the current attempt last heard from its engine (its start, or a response);
+    # whether the quiet-attempt watcher found the client gone, and on which engines it
+    # stopped the request.
+    last_heard: float = 0.0
+    cancel_seen: bool = False
+    stopped: set = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def stale(self, engine: str) -> bool:
@@ -129,6 +138,9 @@ class RouterService:
         self._serving = threading.Event()
         self._nvml: Any = None  # None: not tried yet; False: unavailable
         self._poller: threading.Thread | None = None
+        self._watcher: threading.Thread | None = None
+        # An attempt that heard nothing from its engine this long is checked by the watcher.
+        self.quiet_s = max(cfg.cancel_check_ms / 1000.0, QUIET_MIN_S)
         self._live: dict[tuple[int, str], Pending] = {}  # (id(pending), engine) -> pending, streaming
         self._live_lock = threading.Lock()
         self._opened_seen: dict[str, int] = {}  # breaker openings already exported
@@ -137,6 +149,8 @@ class RouterService:
     def start(self, poll: bool = True) -> None:
         """Start dispatching (and polling Triton's metrics endpoint and readiness)."""
         self.dispatcher.start()
+        self._watcher = threading.Thread(target=self._watch_quiet_attempts, name="router-cancel-watch", daemon=True)
+        self._watcher.start()
         if poll and self.cfg.metrics_poll_ms > 0:
             self._poller = threading.Thread(target=self._poll_loop, name="router-poller", daemon=True)
             self._poller.start()
@@ -155,8 +169,9 @@ class RouterService:
         self._serving.set()
         self.dispatcher.stop()
         self.pool.shutdown(wait=False, cancel_futures=False)
-        if self._poller is not None:
-            self._poller.join(timeout=5)
+        for thread in (self._poller, self._watcher):
+            if thread is not None:
+                thread.join(timeout=5)
 
     # ---- signals ---------------------------------------------------------------------
     def engine_stats(self) -> dict[str, EngineStats]:
@@ -328,7 +343,7 @@ class RouterService:
     def _attempt(self, p: Pending, engine: str, allow_failover: bool) -> str:
         job, st = p.job, self.engines[engine]
         model = self.cfg.model_name(engine)
-        if self._left_while_queued(p):
+        if p.cancel_seen or self._left_while_queued(p):
             self.metrics.cancelled(engine)
             self._send(p, engine, None, final=True)
             return "cancelled"
@@ -348,18 +363,16 @@ class RouterService:
         stopped = False
         interval, next_send = self.cfg.stream_interval_ms / 1000.0, 0.0
         cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender), self.cfg.cancel_check_ms / 1000.0)
+        p.last_heard = self.clock()
         with self._live_lock:
             self._live[(id(p), engine)] = p
         try:
             for out in self.transport.stream(model, inputs, request_id, outputs):
                 if p.stale(engine):
                     return "abandoned"  # the router ended it or moved it: the engine died
-                if cancelled():
-                    self._stop_engine(engine, model, request_id)
-                    self.metrics.cancelled(engine)
-                    self._send(p, engine, None, final=True)
-                    st.breaker.record(True)
-                    return "cancelled"
+                p.last_heard = self.clock()
+                if p.cancel_seen or cancelled():
+                    return self._cancelled(p, engine, model, request_id)
                 if detok is not None:
                     ids = out["output_ids"].reshape(-1).tolist()
                     n_out += len(ids)
@@ -398,6 +411,8 @@ class RouterService:
         except EngineError as exc:
             if p.stale(engine):
                 return "abandoned"
+            if p.cancel_seen:  # the engine ended the request because the router stopped it
+                return self._cancelled(p, engine, model, request_id)
             client_error = exc.code == "INVALID_ARG"
             st.breaker.record(client_error)
             if first is None and allow_failover and not client_error and self._other_up(engine):
@@ -405,6 +420,8 @@ class RouterService:
             where = "before the first token" if first is None else f"after {emitted} characters were streamed"
             return self._fail(p, engine, f"engine {model} failed {where}: {exc}",
                               "INVALID_ARG" if client_error else ("UNAVAILABLE" if first is None else "INTERNAL"))
+        if p.cancel_seen and not stopped:  # the engine ended the request because the router stopped it
+            return self._cancelled(p, engine, model, request_id)
         if detok is not None and not stopped:
             full += detok.flush()
         t_end = self.clock()
@@ -418,6 +435,36 @@ class RouterService:
             text = full if job.exclude_input else job.prompt + full
             sent = self._send(p, engine, self._outputs(job, text, engine, n_out), final=True)
         return "done" if sent else "abandoned"
+
+    def _cancelled(self, p: Pending, engine: str, model: str, request_id: str) -> str:
+        """End an attempt whose client cancelled: stop the engine request (unless the watcher did)."""
+        if engine not in p.stopped:
+            self._stop_engine(engine, model, request_id)
+        self.metrics.cancelled(engine)
+        self._send(p, engine, None, final=True)
+        self.engines[engine].breaker.record(True)
+        return "cancelled"
+
+    def _watch_quiet_attempts(self) -> None:
+        """Look at the cancel flag of attempts that heard nothing from their engine for a
+        while (prefill, the engine's own queue), once per ``quiet_s`` each; streams that get
+        responses are checked as they relay them. One check at a time (an IPC round trip)."""
+        period = self.quiet_s
+        while not self._stop.wait(period):
+            now = self.clock()
+            with self._live_lock:
+                quiet = [(e, p) for (_, e), p in self._live.items()
+                         if not p.cancel_seen and now - p.last_heard >= period]
+            for engine, p in quiet:
+                if p.stale(engine) or not self.transport.is_cancelled(p.sender):
+                    continue
+                with p.lock:
+                    if p.stale(engine) or p.cancel_seen:
+                        continue
+                    p.cancel_seen = True
+                    p.stopped.add(engine)
+                self.pool.submit(self._stop_engine, engine, self.cfg.model_name(engine),
+                                 f"{p.job.request_id}-{engine}")
 
     def _left_while_queued(self, p: Pending) -> bool:
         """True when the client cancelled while the request waited in the router queue.
