@@ -450,21 +450,30 @@ class RouterService:
         while (prefill, the engine's own queue), once per ``quiet_s`` each; streams that get
         responses are checked as they relay them. One check at a time (an IPC round trip)."""
         period = self.quiet_s
+        failures = 0
         while not self._stop.wait(period):
-            now = self.clock()
-            with self._live_lock:
-                quiet = [(e, p) for (_, e), p in self._live.items()
-                         if not p.cancel_seen and now - p.last_heard >= period]
-            for engine, p in quiet:
-                if p.stale(engine) or not self.transport.is_cancelled(p.sender):
+            try:
+                self._stop_quiet_cancelled(period)
+            except Exception as exc:  # noqa: BLE001 - keep watching; streams are still checked inline
+                failures += 1
+                if failures in (1, 100):
+                    self.log(f"cancel watcher: {exc!r}")
+
+    def _stop_quiet_cancelled(self, quiet_s: float) -> None:
+        """One watcher round: stop the engine request of each quiet attempt whose client left."""
+        now = self.clock()
+        with self._live_lock:
+            quiet = [(e, p) for (_, e), p in self._live.items() if not p.cancel_seen and now - p.last_heard >= quiet_s]
+        for engine, p in quiet:
+            if p.stale(engine) or not self.transport.is_cancelled(p.sender):
+                continue
+            with p.lock:
+                if p.stale(engine) or p.cancel_seen:
                     continue
-                with p.lock:
-                    if p.stale(engine) or p.cancel_seen:
-                        continue
-                    p.cancel_seen = True
-                    p.stopped.add(engine)
-                self.pool.submit(self._stop_engine, engine, self.cfg.model_name(engine),
-                                 f"{p.job.request_id}-{engine}")
+                p.cancel_seen = True
+                p.stopped.add(engine)
+            if not self._stop.is_set():
+                self.pool.submit(self._stop_engine, engine, self.cfg.model_name(engine), f"{p.job.request_id}-{engine}")
 
     def _left_while_queued(self, p: Pending) -> bool:
         """True when the client cancelled while the request waited in the router queue.
