@@ -14,7 +14,9 @@ machine hits both sides alike.
 
 Prints, per level: throughput (output tokens/s) of each path and their ratio
 (router / direct), TTFT p50/p99 of each and the TTFT the router adds (router minus
-direct, per percentile). When the tool starts its own server it also prints the CPU
+direct, per percentile), and whether every round pair meets ``--target`` (0.97, issue #3),
+every one misses it, or the rounds disagree ("undecided": on a shared 2-core box single
+rounds at 64 streams ranged from 0.64 to 2.94). When the tool starts its own server it also prints the CPU
 time per output token of each process role (server, each model's stub, engines, load
 generator) for both paths, from /proc: on a CPU-bound machine the router's CPU is
 taken from the engines, so this is the cost that carries over to other machines.
@@ -166,9 +168,24 @@ def round_ratios(direct_tps: Sequence[float], routed_tps: Sequence[float]) -> li
     return [r / d for d, r in zip(direct_tps, routed_tps) if d > 0]
 
 
+TARGET_RATIO = 0.97  # issue #3: router throughput >= 0.97x direct at 64 streams
+
+
+def verdict(ratios: Sequence[float], target: float = TARGET_RATIO) -> str:
+    """Whether every round pair is at or above ``target`` ("meets"), every one below ("below"),
+    or the rounds disagree ("undecided": the spread is wider than the question); "-" under 2 rounds."""
+    if len(ratios) < 2:
+        return "-"
+    if all(r >= target for r in ratios):
+        return "meets"
+    if all(r < target for r in ratios):
+        return "below"
+    return "undecided"
+
+
 def row(level: int, direct: Summary, routed: Summary, cpu: dict[str, dict[str, float]] | None = None,
         stages: dict[str, dict[str, float]] | None = None,
-        ratios: Sequence[float] = ()) -> dict[str, Any]:
+        ratios: Sequence[float] = (), target: float = TARGET_RATIO) -> dict[str, Any]:
     """The comparison of one concurrency level."""
     return {
         "concurrency": level,
@@ -177,12 +194,14 @@ def row(level: int, direct: Summary, routed: Summary, cpu: dict[str, dict[str, f
         "stage_means_s": stages or {},
         "throughput_ratio": (routed.tps / direct.tps) if direct.tps else None,
         "round_ratios": list(ratios),
+        "target_ratio": target,
+        "verdict": verdict(ratios, target),
         "added_ttft_p50_s": _diff(routed.ttft_p50_s, direct.ttft_p50_s),
         "added_ttft_p99_s": _diff(routed.ttft_p99_s, direct.ttft_p99_s),
     }
 
 
-HEADER = ("streams", "direct tok/s", "router tok/s", "ratio", "per round", "direct TTFT p50/p99 ms",
+HEADER = ("streams", "direct tok/s", "router tok/s", "ratio", "per round", "rounds vs target", "direct TTFT p50/p99 ms",
           "router TTFT p50/p99 ms", "added TTFT p50 ms", "added TTFT p99 ms", "errors d/r")
 
 
@@ -193,7 +212,7 @@ def format_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
         d, x = r["direct"], r["router"]
         ratio = "-" if r["throughput_ratio"] is None else f"{r['throughput_ratio']:.2f}"
         rounds = "/".join(f"{v:.2f}" for v in r.get("round_ratios") or ()) or "-"
-        out.append((str(r["concurrency"]), f"{d['tps']:.0f}", f"{x['tps']:.0f}", ratio, rounds,
+        out.append((str(r["concurrency"]), f"{d['tps']:.0f}", f"{x['tps']:.0f}", ratio, rounds, r.get("verdict", "-"),
                     f"{_ms(d['ttft_p50_s'])}/{_ms(d['ttft_p99_s'])}", f"{_ms(x['ttft_p50_s'])}/{_ms(x['ttft_p99_s'])}",
                     _ms(r["added_ttft_p50_s"]), _ms(r["added_ttft_p99_s"]), f"{d['errors']}/{x['errors']}"))
     return out
@@ -244,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--repeats", type=int, default=2, help="rounds per target and level, order alternating")
+    p.add_argument("--target", type=float, default=TARGET_RATIO,
+                   help="throughput ratio each round pair is held against (the 'rounds vs target' column)")
     p.add_argument("--out", type=Path, help="results folder (default loadtests/results/<timestamp>-overhead)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="profile value for the server it starts, e.g. router_stream_interval_ms=20 (repeatable)")
@@ -285,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 if pids else None
             stages = {"direct": sides[DIRECT].stage_means(), "router": sides[ROUTED].stage_means()}
             rows.append(row(level, direct, routed, cpu, stages,
-                            round_ratios(sides[DIRECT].round_tps, sides[ROUTED].round_tps)))
+                            round_ratios(sides[DIRECT].round_tps, sides[ROUTED].round_tps), args.target))
             print(f"[overhead] {level} streams: direct {direct.tps:.0f} tok/s, router {routed.tps:.0f} tok/s",
                   flush=True)
     cells = format_rows(rows)
@@ -308,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         "# Router overhead (router_bls, policy vllm_only, vs vllm_backend directly)\n\n"
         f"Closed loop, {args.repeats} x {args.duration:g} s per target and level, mix {args.mix}: "
         f"{get_mix(args.mix).describe()}. TTFT from stream start; ratio = router / direct tokens per second "
-        "(pooled; 'per round': each pair of rounds run back to back).\n\n"
+        "(pooled; 'per round': each pair of rounds run back to back; 'rounds vs target': every pair at or "
+        f"above {args.target:g} = meets, every pair below = below, some of each = undecided).\n\n"
         + (f"Server profile values set: {', '.join(f'{k}={v}' for k, v in sorted(overrides.items()))}.\n\n"
            if overrides and not args.url else "")
         + format_table(HEADER, cells, markdown=True) + "\n"

@@ -467,3 +467,14 @@ def test_overhead_table_shows_each_round_pairs_ratio():
     cells = format_rows([row(64, empty, empty, ratios=[0.9, 1.1])])
     assert cells[0][HEADER.index("per round")] == "0.90/1.10"
     assert format_rows([row(1, empty, empty)])[0][HEADER.index("per round")] == "-"
+    assert cells[0][HEADER.index("rounds vs target")] == "undecided"
+
+
+@pytest.mark.parametrize("ratios, expected", [
+    ([0.98, 1.2], "meets"), ([0.97, 0.97], "meets"), ([0.5, 0.96], "below"), ([0.9, 1.1], "undecided"),
+    ([1.5], "-"), ([], "-"),
+])
+def test_overhead_verdict_needs_every_round_pair_on_one_side_of_the_target(ratios, expected):
+    from loadtests.overhead import verdict
+
+    assert verdict(ratios, 0.97) == expected
