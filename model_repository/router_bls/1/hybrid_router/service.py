@@ -83,13 +83,16 @@ class Pending:
     failed_over: bool = False
     released: set = field(default_factory=set)
     emitted: int = 0
-    # When the current attempt last heard from its engine (its start, or a response);
-    # whether the quiet-attempt watcher found the client gone, and on which engines it
-    # stopped the request.
+    # When the current attempt last heard from its engine (its start, or a response), and
+    # the engines on which the quiet-attempt watcher stopped the request (client gone).
     last_heard: float = 0.0
-    cancel_seen: bool = False
-    stopped: set = field(default_factory=set)
+    stopped_on: set = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def cancel_seen(self) -> bool:
+        """True once the watcher found the client gone (and stopped the engine request)."""
+        return bool(self.stopped_on)
 
     def stale(self, engine: str) -> bool:
         """True when an attempt on ``engine`` may no longer answer the client."""
@@ -350,7 +353,7 @@ class RouterService:
         if not st.breaker.allow() or not st.ready:
             return "failover" if allow_failover and self._other_up(engine) else self._fail(
                 p, engine, f"engine {model} is unavailable (circuit open or not ready)", "UNAVAILABLE")
-        request_id = f"{job.request_id}-{engine}"
+        request_id = attempt_id(job, engine)
         if engine == TRTLLM:
             inputs, outputs, detok = trtllm_inputs(job, self.end_id), TRTLLM_OUTPUTS, IncrementalDetokenizer(self.tokenizer)
         else:
@@ -438,7 +441,7 @@ class RouterService:
 
     def _cancelled(self, p: Pending, engine: str, model: str, request_id: str) -> str:
         """End an attempt whose client cancelled: stop the engine request (unless the watcher did)."""
-        if engine not in p.stopped:
+        if engine not in p.stopped_on:
             self._stop_engine(engine, model, request_id)
         self.metrics.cancelled(engine)
         self._send(p, engine, None, final=True)
@@ -470,10 +473,9 @@ class RouterService:
             with p.lock:
                 if p.stale(engine) or p.cancel_seen:
                     continue
-                p.cancel_seen = True
-                p.stopped.add(engine)
+                p.stopped_on.add(engine)
             if not self._stop.is_set():
-                self.pool.submit(self._stop_engine, engine, self.cfg.model_name(engine), f"{p.job.request_id}-{engine}")
+                self.pool.submit(self._stop_engine, engine, self.cfg.model_name(engine), attempt_id(p.job, engine))
 
     def _left_while_queued(self, p: Pending) -> bool:
         """True when the client cancelled while the request waited in the router queue.
@@ -574,6 +576,11 @@ class RouterService:
         if job.return_num_output_tokens and n_out is not None:
             out["num_output_tokens"] = np.array([[n_out]], dtype=np.int32)
         return out
+
+
+def attempt_id(job: RouterJob, engine: str) -> str:
+    """The request id of a job's attempt on ``engine`` (what a ``stop`` request names)."""
+    return f"{job.request_id}-{engine}"
 
 
 def _stop_holdback(text: str, stop_words: Sequence[str]) -> int:
