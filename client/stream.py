@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import re
@@ -104,8 +105,12 @@ def error_code_of(message: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _message(err: Any) -> str:
+    return str(err.message() if hasattr(err, "message") else err)
+
+
 def _error_code(err: Any) -> str:
-    prefixed = error_code_of(str(err.message() if hasattr(err, "message") else err))
+    prefixed = error_code_of(_message(err))
     if prefixed:
         return prefixed
     status = str(getattr(err, "status", lambda: "")() or "")
@@ -136,6 +141,7 @@ def stream_grpc(
     request parameters (str, int or bool values).
     """
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
 
     responses: "queue.Queue[tuple[Any, Any]]" = queue.Queue()
     client = grpcclient.InferenceServerClient(url=url)
@@ -143,14 +149,25 @@ def stream_grpc(
     t0 = time.monotonic()
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer(
-            model_name=model,
-            inputs=to_infer_inputs(tensors, "grpc"),
-            request_id=request_id or uuid.uuid4().hex,
-            priority=priority,
-            enable_empty_final_response=True,
-            parameters=parameters,
-        )
+        try:
+            client.async_stream_infer(
+                model_name=model,
+                inputs=to_infer_inputs(tensors, "grpc"),
+                request_id=request_id or uuid.uuid4().hex,
+                priority=priority,
+                enable_empty_final_response=True,
+                parameters=parameters,
+            )
+        except InferenceServerException as exc:
+            # The stream broke before the request went out (no server at ``url``, say):
+            # its callback has the cause; tritonclient's own message only says "invalid state".
+            try:
+                _, cause = responses.get(timeout=1.0)
+            except queue.Empty:
+                cause = None
+            err = cause if cause is not None else exc
+            result.error, result.error_code = _message(err), _error_code(err)
+            return result
         deadline = t0 + timeout_s
         while True:
             remaining = deadline - time.monotonic()
@@ -164,7 +181,7 @@ def stream_grpc(
                 continue
             now = time.monotonic() - t0
             if err is not None:
-                result.error, result.error_code = str(err.message() if hasattr(err, "message") else err), _error_code(err)
+                result.error, result.error_code = _message(err), _error_code(err)
                 break
             response = res.get_response()
             outputs = {o.name: res.as_numpy(o.name) for o in response.outputs if o.name in _OUTPUTS}
@@ -229,13 +246,37 @@ def stream_http(base_url: str, model: str, payload: dict[str, Any], timeout_s: f
         except ValueError:
             result.error = body
         result.error_code = error_code_of(result.error) or str(exc.code)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        # No server at ``base_url``, or the connection broke or timed out mid-stream.
+        reason = getattr(exc, "reason", exc)
+        timed_out = isinstance(reason, TimeoutError)
+        if timed_out:
+            result.error = f"no response within {timeout_s:g} s"
+        elif isinstance(exc, http.client.HTTPException) or result.chunks:
+            result.error = f"the stream from {base_url} broke after {len(result.chunks)} chunks: {reason!r}"
+        else:
+            result.error = f"connection to {base_url} failed: {reason}"
+        result.error_code = "TIMEOUT" if timed_out else "UNAVAILABLE"
     result.e2e_s = time.monotonic() - t0
     return result
 
 
 def _events(resp: Any) -> Iterator[dict[str, Any]]:
-    """Parse a server-sent-events body into JSON objects."""
-    for raw in resp:
-        line = raw.decode("utf-8").strip()
-        if line.startswith("data:"):
-            yield json.loads(line[5:].strip())
+    """Parse a server-sent-events body into JSON objects; a body cut short raises IncompleteRead.
+
+    Reads with ``read1``: iterating the response line by line would end quietly on a
+    connection that broke mid-stream, and a truncated stream would pass for a whole one.
+    """
+    buf = b""
+    while True:
+        data = resp.read1(65536)
+        if not data:
+            break
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8").strip()
+            if line.startswith("data:"):
+                yield json.loads(line[5:].strip())
+    if resp.length:  # a Content-Length body that ended early
+        raise http.client.IncompleteRead(buf, resp.length)

@@ -1,0 +1,79 @@
+"""The client's failure paths, without a Triton server: no server, a silent server, a
+stream cut short. Each ends as a StreamResult with an error code, never an exception."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from client.packing import GenerationRequest, router_tensors
+from client.stream import stream_grpc, stream_http
+
+
+def free_port() -> int:
+    """A local TCP port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def one_shot_server(handle: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A TCP server on 127.0.0.1 that runs ``handle`` on its first connection; yields host:port."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            handle(conn)
+            done.wait(5)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        done.set()
+        t.join(5)
+        srv.close()
+
+
+def test_grpc_without_a_server_is_unavailable_not_an_exception():
+    tensors = router_tensors(GenerationRequest("hi", max_tokens=4))
+    for _ in range(3):  # the stream breaks before or after the request is queued: both paths
+        r = stream_grpc(f"127.0.0.1:{free_port()}", "router_bls", tensors, timeout_s=10)
+        assert r.error_code == "UNAVAILABLE", r
+        assert "connect" in r.error and not r.text and not r.cancelled
+
+
+def test_http_without_a_server_is_unavailable_not_an_exception():
+    port = free_port()
+    r = stream_http(f"127.0.0.1:{port}", "router_bls", {"text_input": "hi"}, timeout_s=10)
+    assert r.error_code == "UNAVAILABLE"
+    assert r.error.startswith(f"connection to 127.0.0.1:{port} failed") and not r.text
+
+
+def test_http_server_that_never_answers_times_out():
+    with one_shot_server(lambda conn: conn.recv(65536)) as url:
+        r = stream_http(url, "router_bls", {"text_input": "hi"}, timeout_s=0.5)
+    assert r.error_code == "TIMEOUT" and r.error == "no response within 0.5 s"
+    assert r.e2e_s < 5
+
+
+def test_http_stream_cut_short_keeps_the_text_so_far():
+    def half_a_stream(conn: socket.socket) -> None:
+        conn.recv(65536)
+        event = b'data: {"text_output": "Hello"}\n\n'
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + f"{len(event):x}\r\n".encode() + event + b"\r\n")
+        conn.shutdown(socket.SHUT_RDWR)  # no terminating chunk: the connection breaks mid-stream
+
+    with one_shot_server(half_a_stream) as url:
+        r = stream_http(url, "router_bls", {"text_input": "hi"}, timeout_s=5)
+    assert r.text == "Hello" and r.ttft_s is not None
+    assert r.error_code == "UNAVAILABLE" and r.error.startswith(f"the stream from {url} broke after 1 chunks")
