@@ -19,7 +19,10 @@ every one misses it, or the rounds disagree ("undecided": on a shared 2-core box
 rounds at 64 streams ranged from 0.64 to 2.94). When the tool starts its own server it also prints the CPU
 time per output token of each process role (server, each model's stub, engines, load
 generator) for both paths, from /proc: on a CPU-bound machine the router's CPU is
-taken from the engines, so this is the cost that carries over to other machines.
+taken from the engines, so this is the cost that carries over to other machines. From
+it, per level: direct / router total CPU per token (on a host with no idle CPU the
+throughput ratio follows it, and it moves far less between runs than throughput does)
+and the tokens per second one router stub process relays per core it gets.
 With a metrics URL (its own server, or ``--metrics-url``) it also prints where the
 time to first token goes: mean Triton queue and execute() time of the model the
 client called, the BLS call's queue at vllm_backend, the router's queue wait and
@@ -252,6 +255,23 @@ def format_cpu_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return out
 
 
+def cpu_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per level: direct / router total CPU per token (the throughput ratio a host with no idle
+    CPU allows) and the tokens per second one router stub relays per core it gets."""
+    out = []
+    for r in rows:
+        cpu = r.get("cpu_us_per_token") or {}
+        direct, routed = sum(cpu.get("direct", {}).values()), sum(cpu.get("router", {}).values())
+        stub = cpu.get("router", {}).get("stub:router_bls", 0.0)
+        if direct <= 0 or routed <= 0:
+            continue
+        line = f"{r['concurrency']} streams: CPU per token direct / router = {direct / routed:.2f}"
+        if stub > 0:
+            line += f"; router stub {stub:.0f} µs per token = {1e6 / stub:,.0f} tokens/s per core"
+        out.append(line)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point."""
     p = argparse.ArgumentParser(description="Throughput and TTFT added by router_bls over vllm_backend.")
@@ -320,9 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\nWhere the time to first token goes (means from /metrics; the entry model is the one the "
               "client called):")
         print(format_table(stage_header, stage_cells))
+    bound = cpu_bound_lines(rows)
     if cpu_cells:
         print("\nCPU time per output token (µs), by process role:")
         print(format_table(cpu_header, cpu_cells))
+        print("\nWhere no CPU is idle (this box), throughput follows CPU per token:")
+        print("\n".join(bound))
     (out / "overhead.json").write_text(json.dumps({"settings": vars(args) | {"out": str(out)}, "rows": rows},
                                                   indent=2, default=str))
     (out / "overhead.md").write_text(
@@ -337,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         + ("\n## Where the time to first token goes (means per request from /metrics)\n\n"
            + format_table(stage_header, stage_cells, markdown=True) + "\n" if stage_cells else "")
         + ("\n## CPU time per output token (µs), by process role\n\n"
-           + format_table(cpu_header, cpu_cells, markdown=True) + "\n" if cpu_cells else ""))
+           + format_table(cpu_header, cpu_cells, markdown=True) + "\n\n"
+           + "Where no CPU is idle, throughput follows CPU per token:\n\n"
+           + "".join(f"- {line}\n" for line in bound) if cpu_cells else ""))
     print(f"\n[overhead] results in {out}")
     errors = sum(r["direct"]["errors"] + r["router"]["errors"] for r in rows)
     return 1 if errors else 0
