@@ -20,9 +20,9 @@ rounds at 64 streams ranged from 0.64 to 2.94). When the tool starts its own ser
 time per output token of each process role (server, each model's stub, engines, load
 generator) for both paths, from /proc: on a CPU-bound machine the router's CPU is
 taken from the engines, so this is the cost that carries over to other machines. From
-it, per level: direct / router total CPU per token (on a host with no idle CPU the
-throughput ratio follows it, and it moves far less between runs than throughput does)
-and the tokens per second one router stub process relays per core it gets.
+it, per level: the cores each path kept busy (CPU per token x tokens/s; when both keep
+every core busy, the throughput ratio is just the ratio of CPU per token) and the tokens
+per second one router stub process relays per core it gets.
 With a metrics URL (its own server, or ``--metrics-url``) it also prints where the
 time to first token goes: mean Triton queue and execute() time of the model the
 client called, the BLS call's queue at vllm_backend, the router's queue wait and
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -144,14 +145,15 @@ def measure(url: str, model: str, prompts: PromptFactory, mix_name: str, concurr
     before = proc_cpu.sample(pids()) if pids else None
     records, wall = run_closed_loop(url, model, sampler.sample, CONTRACT[model], concurrency, duration_s,
                                     timeout_s=timeout_s)
+    after = proc_cpu.sample(pids()) if pids else None  # the same window as ``wall``
     if scrape is not None and metrics_url:
         time.sleep(1.0)  # router metric writes are queued off the hot path
         for label, (sec, n) in attribution_deltas(scrape, stage_report.load_scrape(metrics_url), model).items():
             acc = side.stages.setdefault(label, [0.0, 0.0])
             acc[0] += sec
             acc[1] += n
-    if before is not None and pids is not None:
-        for role, sec in proc_cpu.by_role(before, proc_cpu.sample(pids())).items():
+    if before is not None and after is not None:
+        for role, sec in proc_cpu.by_role(before, after).items():
             side.cpu[role] = side.cpu.get(role, 0.0) + sec
     side.records.extend(records)
     side.wall_s += wall
@@ -255,17 +257,17 @@ def format_cpu_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return out
 
 
-def cpu_bound_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Per level: direct / router total CPU per token (the throughput ratio a host with no idle
-    CPU allows) and the tokens per second one router stub relays per core it gets."""
+def cpu_bound_lines(rows: list[dict[str, Any]], cores: int) -> list[str]:
+    """Per level: cores kept busy on each path (CPU per token x tokens/s) and the tokens per
+    second one router stub relays per core it gets."""
     out = []
     for r in rows:
         cpu = r.get("cpu_us_per_token") or {}
-        direct, routed = sum(cpu.get("direct", {}).values()), sum(cpu.get("router", {}).values())
-        stub = cpu.get("router", {}).get("stub:router_bls", 0.0)
-        if direct <= 0 or routed <= 0:
+        busy = {side: sum(cpu.get(side, {}).values()) * r[side]["tps"] / 1e6 for side in ("direct", "router")}
+        if not all(busy.values()):
             continue
-        line = f"{r['concurrency']} streams: CPU per token direct / router = {direct / routed:.2f}"
+        line = f"{r['concurrency']} streams: cores busy direct {busy['direct']:.2f} / router {busy['router']:.2f} of {cores}"
+        stub = cpu.get("router", {}).get("stub:router_bls", 0.0)
         if stub > 0:
             line += f"; router stub {stub:.0f} µs per token = {1e6 / stub:,.0f} tokens/s per core"
         out.append(line)
@@ -340,11 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\nWhere the time to first token goes (means from /metrics; the entry model is the one the "
               "client called):")
         print(format_table(stage_header, stage_cells))
-    bound = cpu_bound_lines(rows)
+    bound = cpu_bound_lines(rows, len(os.sched_getaffinity(0)))
     if cpu_cells:
         print("\nCPU time per output token (µs), by process role:")
         print(format_table(cpu_header, cpu_cells))
-        print("\nWhere no CPU is idle (this box), throughput follows CPU per token:")
+        print("\nCPU kept busy (when both paths keep every core busy, the throughput ratio is the ratio of "
+              "CPU per token: the router's cost is its CPU, by role above):")
         print("\n".join(bound))
     (out / "overhead.json").write_text(json.dumps({"settings": vars(args) | {"out": str(out)}, "rows": rows},
                                                   indent=2, default=str))
@@ -361,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
            + format_table(stage_header, stage_cells, markdown=True) + "\n" if stage_cells else "")
         + ("\n## CPU time per output token (µs), by process role\n\n"
            + format_table(cpu_header, cpu_cells, markdown=True) + "\n\n"
-           + "Where no CPU is idle, throughput follows CPU per token:\n\n"
+           + "CPU kept busy (when both paths keep every core busy, the throughput ratio is the ratio of "
+             "CPU per token: the router's cost is its CPU, by role above):\n\n"
            + "".join(f"- {line}\n" for line in bound) if cpu_cells else ""))
     print(f"\n[overhead] results in {out}")
     errors = sum(r["direct"]["errors"] + r["router"]["errors"] for r in rows)

@@ -480,12 +480,13 @@ def test_overhead_verdict_needs_every_round_pair_on_one_side_of_the_target(ratio
     assert verdict(ratios, 0.97) == expected
 
 
-def test_overhead_cpu_bound_lines_give_the_cpu_ratio_and_the_stub_relay_rate():
+def test_overhead_cpu_lines_give_busy_cores_and_the_stub_relay_rate():
     from loadtests.overhead import cpu_bound_lines
 
-    rows = [{"concurrency": 64, "cpu_us_per_token": {
+    rows = [{"concurrency": 64, "direct": {"tps": 1000.0}, "router": {"tps": 800.0}, "cpu_us_per_token": {
         "direct": {"server": 200.0, "stub:vllm_backend": 300.0, "engines": 1500.0},
         "router": {"server": 300.0, "stub:router_bls": 400.0, "stub:vllm_backend": 300.0, "engines": 1500.0}}},
-        {"concurrency": 1, "cpu_us_per_token": {}}]  # no CPU figures (a server started elsewhere)
-    assert cpu_bound_lines(rows) == [
-        "64 streams: CPU per token direct / router = 0.80; router stub 400 µs per token = 2,500 tokens/s per core"]
+        {"concurrency": 1, "direct": {"tps": 1.0}, "router": {"tps": 1.0}, "cpu_us_per_token": {}}]
+    assert cpu_bound_lines(rows, 2) == [
+        "64 streams: cores busy direct 2.00 / router 2.00 of 2; "
+        "router stub 400 µs per token = 2,500 tokens/s per core"]
