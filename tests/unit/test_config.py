@@ -31,6 +31,7 @@ def test_lists_are_parsed():
     ({"trtllm_capacity": "3.5"}, "'trtllm_capacity'"),
     ({"stream_interval_ms": "-1"}, "'stream_interval_ms'"),
     ({"cancel_check_ms": "-5"}, "'cancel_check_ms'"),
+    ({"cancel_checks_per_s": "-1"}, "'cancel_checks_per_s'"),
     ({"latency_buckets_s": "0.1,0.05,1"}, "'latency_buckets_s'"),
     ({"tpot_buckets_s": "0,0.01"}, "'tpot_buckets_s'"),
     ({"queue_buckets_s": "0.1,inf"}, "'queue_buckets_s'"),

@@ -171,13 +171,48 @@ def test_cancel_stops_the_engine_request():
 def test_cancel_checks_are_rate_limited_per_stream(interval_ms, checks):
     # Each check is an IPC round trip in Triton: at most one per cancel_check_ms per stream.
     t = FakeTransport(pieces=("a",) * 50)
-    svc = service(t, cancel_check_ms=interval_ms)
+    svc = service(t, cancel_check_ms=interval_ms, cancel_checks_per_s=0)  # no overall cap
     try:
         svc.admit(job(10, 50.0), "s")
         wait_done(t, ["s"])
         assert t.checks == checks and t.sent["s"]["text"] == "a" * 50
     finally:
         svc.stop()
+
+
+@pytest.mark.parametrize("cap, expected_s", [(200.0, 0.2), (0.0, 0.05), (10_000.0, 0.05)])
+def test_all_streams_together_check_at_most_cancel_checks_per_s(cap, expected_s):
+    # 40 streams in flight: with a cap of 200 checks/s each stream is checked every 0.2 s
+    # instead of every 50 ms; no cap (0), or a cap they stay under, leaves 50 ms.
+    gate = threading.Event()
+    t = FakeTransport(gate=gate)
+    svc = service(t, policy="vllm_only", vllm_capacity=64, cancel_check_ms=50, cancel_checks_per_s=cap)
+    senders = [f"s{i}" for i in range(40)]
+    try:
+        assert svc.cancel_interval_s() == pytest.approx(0.05)
+        assert all(svc.admit(job(10, 50.0), s) for s in senders)
+        deadline = time.monotonic() + 5
+        while len(t.started) < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(t.started) == 40
+        assert svc.cancel_interval_s() == pytest.approx(expected_s)
+        gate.set()
+        wait_done(t, senders)
+        assert svc.cancel_interval_s() == pytest.approx(0.05)
+    finally:
+        gate.set()
+        svc.stop()
+
+
+def test_cancel_check_reads_a_callable_interval_at_each_check():
+    from hybrid_router.contracts import CancelCheck
+
+    calls, interval = [], [0.0]
+    check = CancelCheck(lambda: calls.append(1) or False, lambda: interval[0])
+    assert not check() and not check()  # interval 0: every call checks
+    interval[0] = 60.0
+    check()  # checks, and the next check is 60 s away
+    assert not check() and len(calls) == 3
 
 
 @pytest.mark.parametrize("client_left", [True, False])

@@ -76,6 +76,9 @@ class RouterConfig:
     # Cancellation: each check of a client's cancel flag is an IPC round trip; at most one per
     # stream every this many ms (a cancelled stream may get that much more generation).
     cancel_check_ms: float = 50.0
+    # ... and all streams together at most this many times a second (0: no cap): with many
+    # streams each one is checked less often instead of the checks crowding out responses.
+    cancel_checks_per_s: float = 200.0
     # Signals: Triton's own metrics endpoint, polled in the background.
     metrics_url: str = "http://127.0.0.1:8002/metrics"
     metrics_poll_ms: float = 500.0  # 0 disables polling (KV usage then stays 0)
@@ -123,7 +126,7 @@ class RouterConfig:
         for name in ("interactive_sla_ms", "default_latency_sla_ms", "dispatch_p95_slow_ms",
                      "weight_slow_p95_ms", "weight_fast_p95_ms", "latency_window_s",
                      "breaker_window_s", "breaker_burst_window_s", "metrics_poll_ms", "weight_base",
-                     "stream_interval_ms", "cancel_check_ms"):
+                     "stream_interval_ms", "cancel_check_ms", "cancel_checks_per_s"):
             value = getattr(self, name)
             if math.isnan(value) or value < 0:
                 raise bad(name, "must be a non-negative number")

@@ -365,7 +365,7 @@ class RouterService:
         first = None
         stopped = False
         interval, next_send = self.cfg.stream_interval_ms / 1000.0, 0.0
-        cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender), self.cfg.cancel_check_ms / 1000.0)
+        cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender), self.cancel_interval_s)
         p.last_heard = self.clock()
         with self._live_lock:
             self._live[(id(p), engine)] = p
@@ -438,6 +438,15 @@ class RouterService:
             text = full if job.exclude_input else job.prompt + full
             sent = self._send(p, engine, self._outputs(job, text, engine, n_out), final=True)
         return "done" if sent else "abandoned"
+
+    def cancel_interval_s(self) -> float:
+        """Seconds between two cancel checks of one stream: ``cancel_check_ms``, stretched so
+        that the streams in flight together check at most ``cancel_checks_per_s`` times a
+        second (each check is an IPC round trip, as costly as relaying a response)."""
+        base = self.cfg.cancel_check_ms / 1000.0
+        if self.cfg.cancel_checks_per_s <= 0:
+            return base
+        return max(base, len(self._live) / self.cfg.cancel_checks_per_s)
 
     def _cancelled(self, p: Pending, engine: str, model: str, request_id: str) -> str:
         """End an attempt whose client cancelled: stop the engine request (unless the watcher did)."""
