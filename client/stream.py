@@ -34,6 +34,7 @@ class StreamResult:
     error: str | None = None
     error_code: str | None = None
     cancelled: bool = False
+    cancel_sent_s: float | None = None  # when the client cancelled, from the stream's start
 
     @property
     def text(self) -> str:
@@ -174,6 +175,7 @@ def stream_grpc(
             if remaining <= 0:
                 result.error, result.error_code = f"no final response within {timeout_s:.0f} s", "TIMEOUT"
                 result.cancelled = True  # close the stream with cancellation: never wait on a stuck server
+                result.cancel_sent_s = time.monotonic() - t0
                 break
             try:
                 res, err = responses.get(timeout=remaining)
@@ -194,6 +196,7 @@ def stream_grpc(
                 if on_chunk is not None:
                     on_chunk(result)
                 if cancel_after_chunks is not None and len(result.chunk_times_s) >= cancel_after_chunks:
+                    result.cancel_sent_s = time.monotonic() - t0
                     client.stop_stream(cancel_requests=True)
                     result.cancelled = True
                     break

@@ -3,16 +3,17 @@ queue costs the engine nothing (the router looks at the cancel flag once before 
 one whose request waits in the engine's own queue is noticed by the router's watcher of
 quiet attempts, which stops the engine request while it still waits.
 
-Triton 2.51 passes a gRPC stream's cancellation on to the model late when the request has
-no response yet (seen: 1.4 s to more than 6 s on this box; README, Known limits). So the
-victim waits behind four long requests (~12 s), and a run in which the cancellation
-reached the router only after the victim's wait ended skips, naming that.
+The victim's client leaves after 1 s, while it waits behind four long requests (~10 s).
+On 2 shared cores this test process is sometimes starved: its 1 s deadline was seen
+firing 2-6 s late, and its stream closing seconds after that. Earlier versions read
+that as Triton passing the cancellation on late; probes that timed the client showed
+the router seeing the cancellation within ~0.5 s of the client's close whenever the
+close went out on time. So a run whose client left late skips, naming that; otherwise
+the asserts are strict.
 """
-
 from __future__ import annotations
 
 import concurrent.futures as cf
-import threading
 import time
 from typing import Callable
 
@@ -25,8 +26,8 @@ from tests.server_fixture import metric_value, running_server, scrape, wait_for
 pytestmark = pytest.mark.integration
 
 VLLM = {"model": "vllm_backend"}
-FILL = GenerationRequest("tell me a long story", max_tokens=1000, temperature=0.0)  # ~6 s for 2 at once
-LATE = "Triton 2.51 passed the gRPC cancellation on only after the victim's wait ended (README, Known limits)"
+FILL = GenerationRequest("tell me a long story", max_tokens=1000, temperature=0.0, stream=False)  # ~6 s for 2 at once
+LEAVE_BY_S = 2.5  # the victim's 1 s deadline, the close of its stream, and a margin
 
 
 @pytest.fixture(scope="module")
@@ -43,26 +44,35 @@ def engine_requests(text: str) -> float:
             + metric_value(text, "vllm:request_aborted_total", **VLLM))
 
 
+def two_run_two_wait(text: str, model: str) -> bool:
+    """True when 2 fills hold the engine's 2 sequences and 2 more wait (in the router, or in vLLM)."""
+    if model == "router_bls":
+        return (metric_value(text, "router_in_flight", engine="vllm_backend") == 2
+                and metric_value(text, "router_queue_depth") >= 2)
+    return (metric_value(text, "vllm:num_requests_running", **VLLM) == 2
+            and metric_value(text, "vllm:num_requests_waiting", **VLLM) >= 2)
+
+
 def with_fills(server, model: str, victim: Callable[[], StreamResult],
                check: Callable[[list[cf.Future]], None]) -> list[StreamResult]:
-    """Start 4 long requests to ``model`` (2 run, 2 wait), send the victim once 2 stream,
-    then call ``check`` with the fill futures; returns the fills' results."""
+    """Start 4 long requests to ``model`` (2 run, 2 wait), send the victim once the metrics
+    show that, then call ``check`` with the fill futures; returns the fills' results.
+
+    The fills do not stream. Streamed, their ~4,000 responses kept this process's threads
+    so busy that its main thread stalled for seconds (seen: the victim sent 6 s late, and
+    its 1 s deadline firing 7.5 s late), so the victim's client left late or not at all.
+    """
     tensors = router_tensors(FILL) if model == "router_bls" else vllm_tensors(FILL)
-    streaming = threading.Semaphore(0)
     with cf.ThreadPoolExecutor(4) as pool:
-        fills = []
-        for _ in range(4):
-            first = threading.Event()
-            fills.append(pool.submit(stream_grpc, server.grpc_url, model, tensors, timeout_s=300,
-                                     on_chunk=lambda _r, e=first: e.is_set() or (e.set(), streaming.release())))
-            time.sleep(0.2)  # in order: the first two run, the others wait
-        assert streaming.acquire(timeout=120) and streaming.acquire(timeout=120), "the fills did not start"
+        fills = [pool.submit(stream_grpc, server.grpc_url, model, tensors, timeout_s=300) for _ in range(4)]
+        wait_for(lambda: two_run_two_wait(scrape(server), model), timeout=60,
+                 what="2 fills running and 2 waiting")
         result = victim()
         assert result.cancelled, result
-        if result.text:
-            # Seen once in 5 runs: the client's wait of 1 s ended only when the victim's
-            # first text arrived, ~7 s later, so it never left while waiting.
-            pytest.skip(f"the victim's client did not leave in time: it got text after {result.ttft_s:.1f} s")
+        if result.text or (result.cancel_sent_s or 0.0) > LEAVE_BY_S or result.e2e_s > LEAVE_BY_S:
+            pytest.skip(f"this test process was starved (2 shared cores): the victim's 1 s deadline fired at "
+                        f"{result.cancel_sent_s or 0.0:.1f} s, its stream closed at {result.e2e_s:.1f} s, "
+                        f"{len(result.text)} characters received (README, Known limits)")
         check(fills)
         results = [f.result() for f in fills]
     assert all(r.ok and r.text for r in results), [r.error for r in results]
@@ -82,8 +92,6 @@ def test_a_request_cancelled_while_queued_never_reaches_the_engine(server):
     wait_for(lambda: engine_requests(scrape(server)) >= seen0 + 4, timeout=60, what="vLLM to count the four fills")
     time.sleep(1.0)
     after = scrape(server)
-    if metric_value(after, "router_cancelled_total", engine="vllm_backend") == cancelled0:
-        pytest.skip(LATE)  # the router dispatched the victim: its client looked still there
     assert metric_value(after, "router_cancelled_total", engine="vllm_backend") == cancelled0 + 1
     assert engine_requests(after) == seen0 + 4  # the four fills; the cancelled one never got there
     wait_for(lambda: metric_value(scrape(server), "router_in_flight", engine="vllm_backend") == 0, timeout=30,
@@ -110,8 +118,7 @@ def test_a_request_cancelled_while_waiting_in_the_engine_queue_is_stopped_there(
         outcome["while_waiting"] = False
 
     with_fills(server, "vllm_backend", lambda: leave_after_1s(server), check)
-    if not outcome["while_waiting"]:
-        pytest.skip(LATE)
+    assert outcome["while_waiting"], "vLLM did not abort the victim while it waited behind the fills"
     wait_for(lambda: metric_value(scrape(server), "router_cancelled_total", engine="vllm_backend") >= cancelled0 + 1,
              timeout=30, what="router_cancelled_total to count the request")
     text = scrape(server)
