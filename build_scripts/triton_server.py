@@ -8,6 +8,7 @@ shared-memory regions.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -86,6 +87,7 @@ class TritonServer:
     load_models: Sequence[str] = ()
     extra_args: Sequence[str] = ()
     address: str = "127.0.0.1"
+    nice: int = 0  # added to the server's niceness (all its processes): > 0 yields CPU to its clients
     proc: subprocess.Popen | None = None
     shm_prefix: str = field(default_factory=lambda: f"hybrid_{uuid.uuid4().hex[:10]}_")
     _known_pids: set[int] = field(default_factory=set)
@@ -146,7 +148,7 @@ class TritonServer:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT, env=server_environment(),
-            cwd=str(ROOT), start_new_session=True, preexec_fn=_die_with_parent,
+            cwd=str(ROOT), start_new_session=True, preexec_fn=functools.partial(_prepare_child, self.nice),
         )
         log.close()
         return self
@@ -289,14 +291,17 @@ class TritonServer:
         self.stop()
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the launching process dies (no orphaned servers)."""
+def _prepare_child(nice: int = 0) -> None:
+    """In the child: get SIGTERM when the launching process dies (no orphaned servers), and
+    add ``nice`` to its niceness."""
     import ctypes
 
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+    if nice:
+        os.nice(nice)
 
 
 def _alive(pid: int) -> bool:

@@ -4,6 +4,7 @@ cancellation, non-streaming, metric families."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from client.packing import GenerationRequest, trtllm_tensors, vllm_stop_tensors, vllm_tensors
 from client.stream import stream_grpc
-from tests.server_fixture import metric_value, running_server, scrape, wait_for
+from tests.server_fixture import SERVER_NICE, metric_value, running_server, scrape, wait_for
 
 pytestmark = pytest.mark.integration
 PROMPT_IDS = [101, 2048, 77, 5, 900, 31, 64, 12]
@@ -31,6 +32,32 @@ def vllm(server, prompt="def fibonacci(n):", **kw):
 def trt(server, ids=PROMPT_IDS, **kw):
     req = GenerationRequest("", **kw)
     return stream_grpc(server.grpc_url, "trtllm", trtllm_tensors(ids, req, end_id=2), timeout_s=120)
+
+
+def test_the_test_server_and_its_engines_yield_cpu_to_the_test_clients(server):
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    pids = [server.proc.pid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of(int(p), server.proc.pid)]
+    assert len(pids) >= 3  # tritonserver, its stubs, the engines
+    niceness = set()
+    for pid in pids:
+        try:
+            niceness.add(os.getpriority(os.PRIO_PROCESS, pid))
+        except ProcessLookupError:  # a short-lived helper that has exited
+            pass
+    assert niceness == {min(mine + SERVER_NICE, 19)}
+
+
+def _child_of(pid: int, ancestor: int) -> bool:
+    """True when ``ancestor`` is among the parents of ``pid``."""
+    try:
+        while pid > 1:
+            stat = open(f"/proc/{pid}/stat").read()
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+            if pid == ancestor:
+                return True
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def test_vllm_streams_real_tokens(server):
