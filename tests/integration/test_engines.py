@@ -36,7 +36,7 @@ def trt(server, ids=PROMPT_IDS, **kw):
 
 def test_the_test_server_and_its_engines_yield_cpu_to_the_test_clients(server):
     mine = os.getpriority(os.PRIO_PROCESS, 0)
-    pids = [server.proc.pid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and _child_of(int(p), server.proc.pid)]
+    pids = [server.proc.pid, *server.descendants()]
     assert len(pids) >= 3  # tritonserver, its stubs, the engines
     niceness = set()
     for pid in pids:
@@ -45,19 +45,6 @@ def test_the_test_server_and_its_engines_yield_cpu_to_the_test_clients(server):
         except ProcessLookupError:  # a short-lived helper that has exited
             pass
     assert niceness == {min(mine + SERVER_NICE, 19)}
-
-
-def _child_of(pid: int, ancestor: int) -> bool:
-    """True when ``ancestor`` is among the parents of ``pid``."""
-    try:
-        while pid > 1:
-            stat = open(f"/proc/{pid}/stat").read()
-            pid = int(stat.rsplit(")", 1)[1].split()[1])
-            if pid == ancestor:
-                return True
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
 
 
 def test_vllm_streams_real_tokens(server):

@@ -11,6 +11,7 @@ the router seeing the cancellation within ~0.5 s of the client's close whenever 
 close went out on time. So a run whose client left late skips, naming that; otherwise
 the asserts are strict.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf

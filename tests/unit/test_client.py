@@ -8,15 +8,9 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from build_scripts.triton_server import free_ports
 from client.packing import GenerationRequest, router_tensors
 from client.stream import stream_grpc, stream_http
-
-
-def free_port() -> int:
-    """A local TCP port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -46,13 +40,13 @@ def one_shot_server(handle: Callable[[socket.socket], None]) -> Iterator[str]:
 def test_grpc_without_a_server_is_unavailable_not_an_exception():
     tensors = router_tensors(GenerationRequest("hi", max_tokens=4))
     for _ in range(3):  # the stream breaks before or after the request is queued: both paths
-        r = stream_grpc(f"127.0.0.1:{free_port()}", "router_bls", tensors, timeout_s=10)
+        r = stream_grpc(f"127.0.0.1:{free_ports(1)[0]}", "router_bls", tensors, timeout_s=10)
         assert r.error_code == "UNAVAILABLE", r
         assert "connect" in r.error and not r.text and not r.cancelled
 
 
 def test_http_without_a_server_is_unavailable_not_an_exception():
-    port = free_port()
+    port = free_ports(1)[0]
     r = stream_http(f"127.0.0.1:{port}", "router_bls", {"text_input": "hi"}, timeout_s=10)
     assert r.error_code == "UNAVAILABLE"
     assert r.error.startswith(f"connection to 127.0.0.1:{port} failed") and not r.text
