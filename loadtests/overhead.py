@@ -257,6 +257,10 @@ def format_cpu_rows(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     return out
 
 
+CPU_BUSY_TITLE = ("CPU kept busy (when both paths keep every core busy, the throughput ratio is the ratio of "
+                  "CPU per token: the router's cost is its CPU, by role above)")
+
+
 def cpu_bound_lines(rows: list[dict[str, Any]], cores: int) -> list[str]:
     """Per level: cores kept busy on each path (CPU per token x tokens/s) and the tokens per
     second one router stub relays per core it gets."""
@@ -346,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     if cpu_cells:
         print("\nCPU time per output token (µs), by process role:")
         print(format_table(cpu_header, cpu_cells))
-        print("\nCPU kept busy (when both paths keep every core busy, the throughput ratio is the ratio of "
-              "CPU per token: the router's cost is its CPU, by role above):")
+        print(f"\n{CPU_BUSY_TITLE}:")
         print("\n".join(bound))
     (out / "overhead.json").write_text(json.dumps({"settings": vars(args) | {"out": str(out)}, "rows": rows},
                                                   indent=2, default=str))
@@ -364,8 +367,7 @@ def main(argv: list[str] | None = None) -> int:
            + format_table(stage_header, stage_cells, markdown=True) + "\n" if stage_cells else "")
         + ("\n## CPU time per output token (µs), by process role\n\n"
            + format_table(cpu_header, cpu_cells, markdown=True) + "\n\n"
-           + "CPU kept busy (when both paths keep every core busy, the throughput ratio is the ratio of "
-             "CPU per token: the router's cost is its CPU, by role above):\n\n"
+           + f"{CPU_BUSY_TITLE}:\n\n"
            + "".join(f"- {line}\n" for line in bound) if cpu_cells else ""))
     print(f"\n[overhead] results in {out}")
     errors = sum(r["direct"]["errors"] + r["router"]["errors"] for r in rows)
