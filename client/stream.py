@@ -6,6 +6,7 @@ import http.client
 import json
 import queue
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,6 +17,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .packing import to_infer_inputs
+
+CANCEL_POLL_S = 0.05  # how often stream_grpc looks at its ``cancel`` event while it waits
 
 
 @dataclass
@@ -132,14 +135,16 @@ def stream_grpc(
     on_chunk: Callable[[StreamResult], None] | None = None,
     cancel_after_chunks: int | None = None,
     parameters: dict[str, Any] | None = None,
+    cancel: threading.Event | None = None,
 ) -> StreamResult:
     """Send one request on a gRPC stream and collect every response until the final one.
 
     ``priority`` sets Triton's own request priority (queue order in the server); the
     router's ``priority`` tensor is part of ``tensors``. ``cancel_after_chunks``
     cancels the request after that many non-empty responses (the stream is closed with
-    cancel_requests=True, so the server sees a cancellation). ``parameters`` are Triton
-    request parameters (str, int or bool values).
+    cancel_requests=True, so the server sees a cancellation); setting ``cancel`` does the
+    same from another thread. ``parameters`` are Triton request parameters (str, int or
+    bool values).
     """
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
@@ -177,8 +182,12 @@ def stream_grpc(
                 result.cancelled = True  # close the stream with cancellation: never wait on a stuck server
                 result.cancel_sent_s = time.monotonic() - t0
                 break
+            if cancel is not None and cancel.is_set():
+                result.cancelled = True
+                result.cancel_sent_s = time.monotonic() - t0
+                break
             try:
-                res, err = responses.get(timeout=remaining)
+                res, err = responses.get(timeout=remaining if cancel is None else min(remaining, CANCEL_POLL_S))
             except queue.Empty:
                 continue
             now = time.monotonic() - t0

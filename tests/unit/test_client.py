@@ -71,3 +71,50 @@ def test_http_stream_cut_short_keeps_the_text_so_far():
         r = stream_http(url, "router_bls", {"text_input": "hi"}, timeout_s=5)
     assert r.text == "Hello" and r.ttft_s is not None
     assert r.error_code == "UNAVAILABLE" and r.error.startswith(f"the stream from {url} broke after 1 chunks")
+
+
+@contextmanager
+def silent_grpc_server(seen: dict[str, threading.Event]) -> Iterator[str]:
+    """A gRPC inference server whose stream takes requests and never answers; sets
+    ``seen['request']`` on the first request and ``seen['cancelled']`` when the client
+    cancels its stream (a plain close ends the requests without cancelling the call)."""
+    import time
+    from concurrent import futures
+
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    class Silent(service_pb2_grpc.GRPCInferenceServiceServicer):
+        def ModelStreamInfer(self, request_iterator, context):  # noqa: N802 - the service's name
+            try:
+                for _ in request_iterator:
+                    seen["request"].set()
+            except grpc.RpcError:
+                pass  # the client cancelled
+            deadline = time.monotonic() + 2
+            while context.is_active() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if not context.is_active():
+                seen["cancelled"].set()
+            return iter(())
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Silent(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(0)
+
+
+def test_grpc_cancel_event_closes_the_stream_with_cancellation():
+    seen = {"request": threading.Event(), "cancelled": threading.Event()}
+    cancel = threading.Event()
+    with silent_grpc_server(seen) as url:
+        threading.Thread(target=lambda: seen["request"].wait(10) and cancel.set(), daemon=True).start()
+        r = stream_grpc(url, "router_bls", router_tensors(GenerationRequest("hi", max_tokens=4)),
+                        timeout_s=30, cancel=cancel)
+        assert seen["cancelled"].wait(5), "the server never saw the stream cancelled"
+    assert r.cancelled and r.error is None and not r.text
+    assert r.cancel_sent_s is not None and r.cancel_sent_s < 10 and r.e2e_s < 10
