@@ -83,3 +83,67 @@ def test_config_is_frozen():
     cfg = RouterConfig()
     with pytest.raises(Exception):
         cfg.kv_watermark = 0.5  # type: ignore[misc]
+
+
+def test_router_instances_split_capacity_queue_and_cancel_checks():
+    from hybrid_router.config import instance_share
+
+    cfg = config_from_parameters({"trtllm_capacity": "32", "vllm_capacity": "65", "max_queue": "1024",
+                                  "cancel_checks_per_s": "200"})
+    assert instance_share(cfg, 0, 1) is cfg
+    shares = [instance_share(cfg, k, 3) for k in range(3)]
+    assert [s.trtllm_capacity for s in shares] == [11, 11, 10]
+    assert [s.vllm_capacity for s in shares] == [22, 22, 21]
+    assert sum(s.max_queue for s in shares) == 1024 and sum(s.cancel_checks_per_s for s in shares) == 200
+    assert all(s.kv_watermark == cfg.kv_watermark and s.policy == cfg.policy for s in shares)
+    with pytest.raises(ValueError, match=r"router_instances\) = 40: .* use at most 32"):
+        instance_share(cfg, 0, 40)
+
+
+@pytest.mark.parametrize("name,groups,expected", [
+    ("router_bls_0_0", [{"count": 1, "kind": "KIND_CPU"}], (0, 1)),
+    ("router_bls_0_2", [{"count": 4, "kind": "KIND_CPU"}], (2, 4)),
+    ("", [], (0, 1)),
+])
+def test_instance_index_and_count_come_from_triton(name, groups, expected):
+    from hybrid_router.config import instance_of
+
+    assert instance_of(name, {"instance_group": groups}) == expected
+
+
+def test_instance_errors_say_what_to_change():
+    from hybrid_router.config import instance_of
+
+    with pytest.raises(ValueError, match="one instance_group"):
+        instance_of("router_bls_1_0", {"instance_group": [{"count": 1}, {"count": 1}]})
+    with pytest.raises(ValueError, match="below 2"):
+        instance_of("router_bls_0_5", {"instance_group": [{"count": 2}]})
+
+
+def test_every_series_of_a_router_instance_carries_its_index():
+    from hybrid_router.metrics import RouterMetrics
+
+    class Writer:
+        def __init__(self) -> None:
+            self.labels: list[dict[str, str]] = []
+
+        def family(self, name, desc, kind):
+            pass
+
+        def metric(self, name, labels, buckets=None):
+            self.labels.append(labels)
+            return name
+
+        def set(self, metric, value):
+            pass
+
+        def inc(self, metric, value=1.0):
+            pass
+
+    for instance, expected in ((None, {"model": "router_bls"}), ("1", {"model": "router_bls", "instance": "1"})):
+        w = Writer()
+        m = RouterMetrics(w, instance=instance)
+        m.engine_gauges("vllm_backend", 100.0, 0, 0.1, 3)
+        m.routed("vllm_backend", "short_prompt")
+        assert w.labels and all({k: v for k, v in labels.items() if k in ("model", "instance")} == expected
+                                for labels in w.labels)

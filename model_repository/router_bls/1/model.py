@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 from hybrid_router import triton_adapter as ta  # noqa: E402
-from hybrid_router.config import config_from_parameters  # noqa: E402
+from hybrid_router.config import config_from_parameters, instance_of, instance_share  # noqa: E402
 from hybrid_router.contracts import CANCEL_VIA_STOP, ROUTER_INPUTS, InvalidInput  # noqa: E402
 from hybrid_router.metrics import RouterMetrics  # noqa: E402
 from hybrid_router.requests import build_job  # noqa: E402
@@ -57,8 +57,9 @@ class TritonPythonModel:
         ta.enable_crash_traces()
         use_utf8_locale()
         model_config = json.loads(args["model_config"])
-        self.cfg = config_from_parameters(ta.model_parameters(model_config))
-        self.log = ta.Logger("[router]")
+        index, count = instance_of(args.get("model_instance_name", ""), model_config)
+        self.cfg = instance_share(config_from_parameters(ta.model_parameters(model_config)), index, count)
+        self.log = ta.Logger("[router]" if count == 1 else f"[router {index}/{count}]")
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.tokenizer_dir)
@@ -67,12 +68,15 @@ class TritonPythonModel:
         self.metrics = RouterMetrics(self.writer, model=args["model_name"],
                                      latency_buckets=self.cfg.latency_buckets_s,
                                      tpot_buckets=self.cfg.tpot_buckets_s,
-                                     queue_buckets=self.cfg.queue_buckets_s)
+                                     queue_buckets=self.cfg.queue_buckets_s,
+                                     instance=None if count == 1 else str(index))
         self.service = RouterService(self.cfg, TritonTransport(), self.tokenizer, self.metrics,
                                      log=self.log.info)
         self.service.start()
         self.log.info(f"policy={self.cfg.policy} fallback={self.cfg.fallback_target} "
-                      f"targets={self.cfg.trtllm_model},{self.cfg.vllm_model} prompt encoder={encoder}")
+                      f"targets={self.cfg.trtllm_model},{self.cfg.vllm_model} prompt encoder={encoder} "
+                      f"instance {index} of {count} (capacity trtllm={self.cfg.trtllm_capacity} "
+                      f"vllm_backend={self.cfg.vllm_capacity}, queue {self.cfg.max_queue})")
 
     def execute(self, requests: list[Any]) -> None:
         """Validate each request and queue it; responses are sent by the service."""

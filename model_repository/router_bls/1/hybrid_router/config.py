@@ -8,7 +8,8 @@ value raises ``ValueError`` naming the parameter and what to put there.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+import re
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 ENGINES = ("trtllm", "vllm_backend")
@@ -169,6 +170,45 @@ def _convert(name: str, raw: str, default: Any) -> Any:
     except ValueError:
         kind = type(default).__name__ if not isinstance(default, tuple) else "comma-separated list"
         raise ValueError(f"config.pbtxt parameter '{name}' = {raw!r}: expected a {kind}") from None
+
+
+def _split(total: int, index: int, count: int) -> int:
+    """Instance ``index``'s part when ``count`` instances split ``total`` (the first ones get the remainder)."""
+    return total // count + (1 if index < total % count else 0)
+
+
+def instance_share(cfg: RouterConfig, index: int, count: int) -> RouterConfig:
+    """The config of router instance ``index`` of ``count``: each instance dispatches its
+    share of the engines' capacity, queues its share of ``max_queue`` and makes its share of
+    the cancel checks, so that the instances together keep the configured totals."""
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"router instance {index} of {count}: the index must be in [0, count)")
+    if count == 1:
+        return cfg
+    smallest = min(cfg.trtllm_capacity, cfg.vllm_capacity, cfg.max_queue)
+    if count > smallest:
+        raise ValueError(f"router_bls instance_group count (router_instances) = {count}: each instance needs "
+                         f"at least one slot of each engine and of the queue; use at most {smallest} "
+                         f"(trtllm_capacity={cfg.trtllm_capacity}, vllm_capacity={cfg.vllm_capacity}, "
+                         f"max_queue={cfg.max_queue})")
+    return replace(cfg,
+                   trtllm_capacity=_split(cfg.trtllm_capacity, index, count),
+                   vllm_capacity=_split(cfg.vllm_capacity, index, count),
+                   max_queue=_split(cfg.max_queue, index, count),
+                   cancel_checks_per_s=cfg.cancel_checks_per_s / count)
+
+
+def instance_of(instance_name: str, model_config: Mapping[str, Any]) -> tuple[int, int]:
+    """(index, count) of a router instance from Triton's instance name (``<group>_<k>``)
+    and the model config's instance groups."""
+    count = sum(int(group.get("count", 1)) for group in model_config.get("instance_group", []) or [{}])
+    match = re.search(r"_(\d+)$", instance_name)
+    if count > 1 and len(model_config.get("instance_group", [])) > 1:
+        raise ValueError("router_bls: use one instance_group (its count sets the number of router instances)")
+    index = int(match.group(1)) if match else 0
+    if not 0 <= index < max(count, 1):
+        raise ValueError(f"router_bls: instance name {instance_name!r} does not end in an index below {count}")
+    return index, max(count, 1)
 
 
 def config_from_parameters(params: Mapping[str, str]) -> RouterConfig:

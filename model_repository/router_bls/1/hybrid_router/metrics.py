@@ -45,9 +45,11 @@ class RouterMetrics:
     def __init__(self, writer: Any, model: str = "router_bls",
                  latency_buckets: Sequence[float] = DEFAULT_LATENCY_BUCKETS,
                  tpot_buckets: Sequence[float] = DEFAULT_TPOT_BUCKETS,
-                 queue_buckets: Sequence[float] = DEFAULT_QUEUE_BUCKETS) -> None:
+                 queue_buckets: Sequence[float] = DEFAULT_QUEUE_BUCKETS, instance: str | None = None) -> None:
         self.w = writer
-        self.base = {"model": model}
+        # With several router instances every series carries ``instance``: gauges that two
+        # stubs set under the same labels would overwrite each other (sum them by engine).
+        self.base = {"model": model} if instance is None else {"model": model, "instance": instance}
         self.latency_buckets = list(latency_buckets)
         self.tpot_buckets = list(tpot_buckets)
         self.queue_buckets = list(queue_buckets)
