@@ -7,6 +7,31 @@ import pytest
 from hybrid_router.config import RouterConfig, config_from_parameters
 
 
+class RecordingWriter:
+    """A metrics writer that records each series' labels and buckets and drops the values."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[str, list[float] | None] = {}
+        self.labels: list[dict[str, str]] = []
+
+    def family(self, name, desc, kind):
+        pass
+
+    def metric(self, name, labels, buckets=None):
+        self.buckets[name] = buckets
+        self.labels.append(labels)
+        return name
+
+    def observe(self, metric, value):
+        pass
+
+    def inc(self, metric, value=1.0):
+        pass
+
+    def set(self, metric, value):
+        pass
+
+
 def test_defaults_and_unset_template_values():
     cfg = config_from_parameters({"long_prompt_tokens": "${long}", "policy": "", "kv_watermark": "0.8"})
     assert cfg.long_prompt_tokens == 2048 and cfg.policy == "hybrid" and cfg.kv_watermark == 0.8
@@ -50,24 +75,7 @@ def test_bucket_bounds_are_parameters_and_reach_the_histograms():
                                   "queue_buckets_s": "0.001"})
     assert cfg.latency_buckets_s == (0.05, 0.5, 5.0) and cfg.queue_buckets_s == (0.001,)
 
-    class Writer:
-        def __init__(self) -> None:
-            self.buckets: dict[str, list[float] | None] = {}
-
-        def family(self, name, desc, kind):
-            pass
-
-        def metric(self, name, labels, buckets=None):
-            self.buckets[name] = buckets
-            return name
-
-        def observe(self, metric, value):
-            pass
-
-        def inc(self, metric, value=1.0):
-            pass
-
-    w = Writer()
+    w = RecordingWriter()
     m = RouterMetrics(w, latency_buckets=cfg.latency_buckets_s, tpot_buckets=cfg.tpot_buckets_s,
                       queue_buckets=cfg.queue_buckets_s)
     m.queue_wait(1, 0.01)
@@ -123,25 +131,8 @@ def test_instance_errors_say_what_to_change():
 def test_every_series_of_a_router_instance_carries_its_index():
     from hybrid_router.metrics import RouterMetrics
 
-    class Writer:
-        def __init__(self) -> None:
-            self.labels: list[dict[str, str]] = []
-
-        def family(self, name, desc, kind):
-            pass
-
-        def metric(self, name, labels, buckets=None):
-            self.labels.append(labels)
-            return name
-
-        def set(self, metric, value):
-            pass
-
-        def inc(self, metric, value=1.0):
-            pass
-
     for instance, expected in ((None, {"model": "router_bls"}), ("1", {"model": "router_bls", "instance": "1"})):
-        w = Writer()
+        w = RecordingWriter()
         m = RouterMetrics(w, instance=instance)
         m.engine_gauges("vllm_backend", 100.0, 0, 0.1, 3)
         m.routed("vllm_backend", "short_prompt")
