@@ -200,15 +200,16 @@ def instance_share(cfg: RouterConfig, index: int, count: int) -> RouterConfig:
 
 def instance_of(instance_name: str, model_config: Mapping[str, Any]) -> tuple[int, int]:
     """(index, count) of a router instance from Triton's instance name (``<group>_<k>``)
-    and the model config's instance groups."""
-    count = sum(int(group.get("count", 1)) for group in model_config.get("instance_group", []) or [{}])
-    match = re.search(r"_(\d+)$", instance_name)
-    if count > 1 and len(model_config.get("instance_group", [])) > 1:
+    and the model config's instance group."""
+    groups = model_config.get("instance_group") or [{}]
+    if len(groups) > 1:
         raise ValueError("router_bls: use one instance_group (its count sets the number of router instances)")
+    count = max(int(groups[0].get("count", 1)), 1)
+    match = re.search(r"_(\d+)$", instance_name)
     index = int(match.group(1)) if match else 0
-    if not 0 <= index < max(count, 1):
+    if index >= count:
         raise ValueError(f"router_bls: instance name {instance_name!r} does not end in an index below {count}")
-    return index, max(count, 1)
+    return index, count
 
 
 def config_from_parameters(params: Mapping[str, str]) -> RouterConfig:
