@@ -382,6 +382,33 @@ def test_a_request_already_failed_over_is_not_moved_again():
         svc.stop()
 
 
+def test_a_failing_attempt_and_end_streams_on_never_both_take_a_request():
+    """Whichever comes first owns the request: the attempt that failed (its failover) or
+    end_streams_on (which moves it). The other leaves it alone: no UNAVAILABLE in the
+    middle of a failover, no second failover."""
+    for first in ("attempt", "end_streams_on"):
+        t = StuckTransport()
+        t.first = ()  # stuck before the first token
+        svc = service(t)
+        try:
+            svc.admit(job(10, 50.0), "r")
+            assert t.reached.wait(5)
+            p = next(iter(svc._live.values()))
+            if first == "attempt":
+                assert svc._claim_failover(p, "vllm_backend")  # as the failed attempt does
+                assert svc.end_streams_on("vllm_backend") == 0
+                assert "r" not in t.errors and not p.ended
+            else:
+                assert svc.end_streams_on("vllm_backend") == 1  # moves it to trtllm
+                assert not svc._claim_failover(p, "vllm_backend")
+                wait_done(t, ["r"])
+                assert "r" not in t.errors and t.sent["r"] == {"text": "abcdef", "final": True, "backend": "trtllm"}
+                assert sum(rid.endswith("-trtllm") for rid in t.started) == 1
+        finally:
+            t.release.set()
+            svc.stop()
+
+
 def test_streams_on_an_engine_that_reports_itself_dead_are_ended_once():
     t = StuckTransport()
     svc = service(t)

@@ -307,7 +307,7 @@ class RouterService:
         (``end_streams_on``); go straight to the other engine.
         """
         try:
-            if moved or self._serve(pending, engine) == "failover":
+            if moved or (self._serve(pending, engine) == "failover" and self._claim_failover(pending, engine)):
                 self._fail_over(pending, engine)
         except Exception as exc:  # noqa: BLE001 - a stream must always end with FINAL
             self.log(f"request {pending.job.request_id}: router error {exc!r}")
@@ -317,6 +317,20 @@ class RouterService:
                 pass
         finally:
             self._complete(pending, engine)
+
+    def _claim_failover(self, p: Pending, engine: str) -> bool:
+        """Take ``p`` off its failed attempt on ``engine`` for a failover; False when
+        ``end_streams_on`` took it off first (it then moves or ends the request itself).
+
+        Without the claim, an ``end_streams_on`` that listed the request while its attempt
+        was failing saw it still current on the dead engine but already failed over, and
+        ended it with UNAVAILABLE in the middle of its failover (seen with 2 router instances).
+        """
+        with p.lock:
+            if p.stale(engine):
+                return False
+            p.current = None
+            return True
 
     def _fail_over(self, p: Pending, engine: str) -> None:
         """Serve ``p`` on the other engine (once; it is never retried again)."""
