@@ -24,20 +24,34 @@ SERVER_NICE = 5
 def running_server(name: str, models: Sequence[str] | None = None,
                    overrides: Mapping[str, str] | None = None, model_control: str = "none",
                    load_models: Sequence[str] = (), timeout_s: float = 420.0) -> Iterator[TritonServer]:
-    """Render the CPU profile into build/tests/<name>, start tritonserver, yield it, stop it."""
-    http, grpc, metrics = free_ports(3)
-    values = {"metrics_url": f"http://127.0.0.1:{metrics}/metrics",
-              "server_http_url": f"http://127.0.0.1:{http}", **(overrides or {})}
-    repo = render("cpu", BUILD / name / "repository", values, models)
-    log = BUILD / name / "server.log"
-    if log.exists():
-        log.unlink()
-    server = TritonServer(repo, log, http, grpc, metrics, model_control=model_control,
-                          load_models=load_models, nice=SERVER_NICE)
-    t0 = time.monotonic()
-    server.start()
+    """Render the CPU profile into build/tests/<name>, start tritonserver, yield it, stop it.
+
+    Ports are free when picked but may be taken before tritonserver binds them (seen once
+    in CI: "Socket ... already in use"); such a start is retried with new ports, twice.
+    """
+    for attempt in range(3):
+        http, grpc, metrics = free_ports(3)
+        values = {"metrics_url": f"http://127.0.0.1:{metrics}/metrics",
+                  "server_http_url": f"http://127.0.0.1:{http}", **(overrides or {})}
+        repo = render("cpu", BUILD / name / "repository", values, models)
+        log = BUILD / name / "server.log"
+        if log.exists():
+            log.unlink()
+        server = TritonServer(repo, log, http, grpc, metrics, model_control=model_control,
+                              load_models=load_models, nice=SERVER_NICE)
+        t0 = time.monotonic()
+        server.start()
+        try:
+            server.wait_ready(timeout_s)
+            break
+        except RuntimeError as exc:
+            server.stop()
+            if "already in use" not in str(exc) or attempt == 2:
+                raise
+        except BaseException:
+            server.stop()
+            raise
     try:
-        server.wait_ready(timeout_s)
         server.start_to_ready_s = time.monotonic() - t0  # type: ignore[attr-defined]
         yield server
     finally:
