@@ -183,23 +183,7 @@ class TritonServer:
 
     def descendants(self) -> list[int]:
         """PIDs of every process below the server (stubs, engine cores, workers)."""
-        if self.proc is None:
-            return []
-        children: dict[int, list[int]] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                text = stat.read_text()
-            except OSError:
-                continue
-            pid = int(stat.parent.name)
-            ppid = int(text.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(pid)
-        out, todo = [], [self.proc.pid]
-        while todo:
-            for child in children.get(todo.pop(), []):
-                out.append(child)
-                todo.append(child)
-        return out
+        return [] if self.proc is None else process_tree(self.proc.pid)
 
     def rss_bytes(self) -> int:
         """Resident memory of the server and every process below it."""
@@ -289,6 +273,25 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def process_tree(root: int) -> list[int]:
+    """PIDs of every live process below ``root`` (Linux ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        ppid = int(text.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def _prepare_child(nice: int = 0) -> None:

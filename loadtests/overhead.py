@@ -16,7 +16,8 @@ Prints, per level: throughput (output tokens/s) of each path and their ratio
 (router / direct), TTFT p50/p99 of each and the TTFT the router adds (router minus
 direct, per percentile), and whether every round pair meets ``--target`` (0.97, issue #3),
 every one misses it, or the rounds disagree ("undecided": on a shared 2-core box single
-rounds at 64 streams ranged from 0.64 to 2.94). When the tool starts its own server it also prints the CPU
+rounds at 64 streams ranged from 0.64 to 2.94). When the tool starts its own server (or is
+given the PID of the one at ``--url`` on the same host, ``--server-pid``) it also prints the CPU
 time per output token of each process role (server, each model's stub, engines, load
 generator) for both paths, from /proc: on a CPU-bound machine the router's CPU is
 taken from the engines, so this is the cost that carries over to other machines. From
@@ -33,6 +34,8 @@ Usage::
 
     .venv/bin/python -m loadtests.overhead                         # starts its own server
     .venv/bin/python -m loadtests.overhead --url 127.0.0.1:8001    # a running server (policy must be vllm_only)
+    .venv/bin/python -m loadtests.overhead --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics \
+        --server-pid "$(pgrep -o -x tritonserver)" --repeats 5      # e.g. on a GPU node: all three tables
 """
 
 from __future__ import annotations
@@ -56,12 +59,27 @@ DIRECT, ROUTED = "vllm_backend", "router_bls"
 CONTRACT = {DIRECT: "vllm", ROUTED: "router"}
 
 
+def tritonserver_pid(pid: int) -> int:
+    """``pid`` when it is a live tritonserver on this host; ValueError saying what to pass otherwise."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        raise ValueError(f"--server-pid {pid}: no such process on this host; pass the PID of the "
+                         "tritonserver serving --url (e.g. from `pgrep -f tritonserver`)") from None
+    if not Path(cmdline).name.startswith("tritonserver"):
+        raise ValueError(f"--server-pid {pid} runs '{cmdline}', not tritonserver; pass the tritonserver's PID")
+    return pid
+
+
 @contextmanager
-def server_url(url: str | None, overrides: dict[str, str] | None = None, metrics_url: str | None = None
-               ) -> Iterator[tuple[str, Callable[[], list[int]] | None, str | None]]:
+def server_url(url: str | None, overrides: dict[str, str] | None = None, metrics_url: str | None = None,
+               server_pid: int | None = None) -> Iterator[tuple[str, Callable[[], list[int]] | None, str | None]]:
     """(gRPC URL, server-tree pids or None, metrics URL or None) of a running server, or of a fresh one (vllm_only)."""
     if url:
-        yield url, None, metrics_url
+        from build_scripts.triton_server import process_tree
+
+        tree = None if server_pid is None else (lambda: [server_pid, *process_tree(server_pid)])
+        yield url, tree, metrics_url
         return
     from tests.server_fixture import running_server
 
@@ -283,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Throughput and TTFT added by router_bls over vllm_backend.")
     p.add_argument("--url", help="gRPC endpoint of a running server (router_policy vllm_only); default: start one")
     p.add_argument("--metrics-url", help="with --url: its /metrics, for the per-stage attribution table")
+    p.add_argument("--server-pid", type=int,
+                   help="with --url: the PID of that tritonserver on this host, for the CPU table (e.g. on a GPU node)")
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated stream counts")
     p.add_argument("--duration", type=float, default=15.0, help="seconds per target and level")
     p.add_argument("--mix", default=FIXED_MIX.name, choices=sorted(MIXES))
@@ -300,6 +320,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"overhead: --set takes KEY=VALUE, got {bad}", file=sys.stderr)
         return 2
     overrides = dict(kv.split("=", 1) for kv in args.set)  # a repeated KEY: the last one wins
+    if args.server_pid is not None:
+        if not args.url:
+            print("overhead: --server-pid goes with --url (without --url the tool starts its own server and "
+                  "knows its processes)", file=sys.stderr)
+            return 2
+        try:
+            tritonserver_pid(args.server_pid)
+        except ValueError as exc:
+            print(f"overhead: {exc}", file=sys.stderr)
+            return 2
     try:
         levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
         if not levels or any(c < 1 for c in levels):
@@ -314,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         print(f"overhead: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2
-    with server_url(args.url, overrides, args.metrics_url) as (url, pids, metrics_url):
+    with server_url(args.url, overrides, args.metrics_url, args.server_pid) as (url, pids, metrics_url):
         warm = WorkloadSampler(get_mix(args.mix), prompts, seed=args.seed + 99)
         for model in (DIRECT, ROUTED, DIRECT, ROUTED):
             send(url, model, warm.sample(), CONTRACT[model], timeout_s=args.timeout_s)

@@ -490,3 +490,43 @@ def test_overhead_cpu_lines_give_busy_cores_and_the_stub_relay_rate():
     assert cpu_bound_lines(rows, 2) == [
         "64 streams: cores busy direct 2.00 / router 2.00 of 2; "
         "router stub 400 µs per token = 2,500 tokens/s per core"]
+
+
+def test_overhead_server_pid_must_be_a_live_tritonserver(tmp_path: Path) -> None:
+    import os
+    import shutil
+    import time
+
+    from loadtests.overhead import main, server_url, tritonserver_pid
+
+    with pytest.raises(ValueError, match="not tritonserver"):
+        tritonserver_pid(os.getpid())  # this is python
+    with pytest.raises(ValueError, match="no such process"):
+        tritonserver_pid(2**22 + 1)  # above Linux's pid_max
+    assert main(["--server-pid", str(os.getpid())]) == 2  # without --url
+    # A shell started as "tritonserver" with one child: the CPU table samples both.
+    fake = tmp_path / "tritonserver"
+    shutil.copy(shutil.which("sh") or "/bin/sh", fake)
+    proc = subprocess.Popen([str(fake), "-c", "sleep 30 & wait"])
+    tree: list[int] = []
+    try:
+        for _ in range(100):  # until the child has exec'd (its command line is empty before)
+            if Path(f"/proc/{proc.pid}/cmdline").read_bytes():
+                break
+            time.sleep(0.05)
+        assert tritonserver_pid(proc.pid) == proc.pid
+        with server_url("127.0.0.1:1", server_pid=proc.pid) as (url, pids, metrics_url):
+            assert url == "127.0.0.1:1" and metrics_url is None and pids is not None
+            for _ in range(100):
+                tree = pids()
+                if len(tree) == 2:
+                    break
+                time.sleep(0.05)
+            assert tree[0] == proc.pid and len(tree) == 2, tree
+        with server_url("127.0.0.1:1") as (_, no_pids, _):
+            assert no_pids is None
+    finally:
+        for child in tree[1:]:
+            os.kill(child, 9)
+        proc.kill()
+        proc.wait()
