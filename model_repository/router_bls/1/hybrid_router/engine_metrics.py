@@ -19,11 +19,20 @@ REQUEST_BUCKETS = [0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0
 class MetricWriter(Protocol):
     """What the sinks need from a metrics backend."""
 
-    def family(self, name: str, description: str, kind: str) -> None: ...
-    def metric(self, name: str, labels: Mapping[str, str], buckets: Any = None) -> Any: ...
-    def inc(self, metric: Any, value: float = 1.0) -> None: ...
-    def set(self, metric: Any, value: float) -> None: ...
-    def observe(self, metric: Any, value: float) -> None: ...
+    def family(self, name: str, description: str, kind: str) -> None:
+        """Declare a metric family (counter, gauge or histogram)."""
+
+    def metric(self, name: str, labels: Mapping[str, str], buckets: Any = None) -> Any:
+        """The handle of one labelled series of family ``name``."""
+
+    def inc(self, metric: Any, value: float = 1.0) -> None:
+        """Add ``value`` to a counter."""
+
+    def set(self, metric: Any, value: float) -> None:
+        """Set a gauge."""
+
+    def observe(self, metric: Any, value: float) -> None:
+        """Record one histogram observation."""
 
 
 class _ReleasableSink:
