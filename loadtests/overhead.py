@@ -65,7 +65,7 @@ def tritonserver_pid(pid: int) -> int:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
     except OSError:
         raise ValueError(f"--server-pid {pid}: no such process on this host; pass the PID of the "
-                         "tritonserver serving --url (e.g. from `pgrep -f tritonserver`)") from None
+                         "tritonserver serving --url (e.g. from `pgrep -o -x tritonserver`)") from None
     if not Path(cmdline).name.startswith("tritonserver"):
         raise ValueError(f"--server-pid {pid} runs '{cmdline}', not tritonserver; pass the tritonserver's PID")
     return pid
