@@ -3,7 +3,8 @@
 Templates use ``${name}`` placeholders (the fill_template convention of
 tensorrtllm_backend). Values come from ``build_scripts/profiles/<profile>.json``,
 then from ``--set name=value`` overrides. Files named ``*.cpu.*`` / ``*.gpu.*`` are
-kept (without the infix) only for that profile; a profile's ``exclude`` list drops
+kept (without the infix) only for profiles of that template variant (a profile's
+``templates`` key, default its name: gpu-vllm uses the cpu variant's stand-in files); a profile's ``exclude`` list drops
 files it does not use. Every model gets its version folder ``1/`` even when the
 profile keeps no file in it. The router's package ``hybrid_router`` is copied next to
 every Python model that imports it. A rendered repository has no unfilled
@@ -28,7 +29,11 @@ PROFILES = ROOT / "build_scripts" / "profiles"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 TEXT_SUFFIXES = {".pbtxt", ".json", ".txt", ".yaml", ".yml"}
 PACKAGE = Path("router_bls/1/hybrid_router")
-PROFILE_NAMES = ("cpu", "gpu")
+PROFILE_NAMES = ("cpu", "gpu", "gpu-vllm")
+# Template variants (the infix of ``*.cpu.*`` / ``*.gpu.*`` files). A profile picks one with
+# its ``templates`` key (default: its own name): gpu-vllm runs the Python stand-in for trtllm,
+# as cpu does, but on GPU vLLM.
+VARIANTS = ("cpu", "gpu")
 
 
 class RenderError(ValueError):
@@ -44,14 +49,17 @@ def load_profile(profile: str) -> dict:
     data.setdefault("values", {})
     data.setdefault("exclude", [])
     data.setdefault("models", [])
+    data.setdefault("templates", profile)
+    if data["templates"] not in VARIANTS:
+        raise RenderError(f"{path.name}: 'templates' = {data['templates']!r}; choose one of {list(VARIANTS)}")
     return data
 
 
-def default_values(profile: str) -> dict[str, str]:
+def default_values(profile: str, model_folder: str = "tiny-llama") -> dict[str, str]:
     """Values computed from the checkout (paths), before the profile's and the user's."""
     return {
-        "model_dir": str(ROOT / "models" / "tiny-llama"),
-        "tokenizer_dir": str(ROOT / "models" / "tiny-llama"),
+        "model_dir": str(ROOT / "models" / model_folder),
+        "tokenizer_dir": str(ROOT / "models" / model_folder),
         "cache_root": str(ROOT / ".cache"),
         "profile": profile,
     }
@@ -79,11 +87,11 @@ def fill(text: str, values: Mapping[str, str], where: str) -> str:
     return PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), text)
 
 
-def _selected(rel: Path, profile: str, exclude: list[str]) -> Path | None:
-    """The output path of a template file for this profile, or None when not used."""
+def _selected(rel: Path, variant: str, exclude: list[str]) -> Path | None:
+    """The output path of a template file for this template variant, or None when not used."""
     parts = rel.name.split(".")
-    if len(parts) >= 3 and parts[-2] in PROFILE_NAMES:
-        if parts[-2] != profile:
+    if len(parts) >= 3 and parts[-2] in VARIANTS:
+        if parts[-2] != variant:
             return None
         rel = rel.with_name(".".join(parts[:-2] + parts[-1:]))
     if rel.as_posix() in exclude or any(rel.as_posix().startswith(e.rstrip("/") + "/") for e in exclude):
@@ -97,7 +105,8 @@ def render(profile: str, out: Path, overrides: Mapping[str, str] | None = None,
            models: Iterable[str] | None = None) -> Path:
     """Render the repository for ``profile`` into ``out`` (replaced if present)."""
     prof = load_profile(profile)
-    values = {**default_values(profile), **{k: str(v) for k, v in prof["values"].items()}}
+    values = {**default_values(profile, prof.get("model_folder", "tiny-llama")),
+              **{k: str(v) for k, v in prof["values"].items()}}
     overrides = dict(overrides or {})
     known = set(values)
     used: set[str] = set()
@@ -109,7 +118,7 @@ def render(profile: str, out: Path, overrides: Mapping[str, str] | None = None,
     staging.mkdir(parents=True)
     rendered_models: set[str] = set()
     for src in sorted(p for p in TEMPLATES.rglob("*") if p.is_file()):
-        rel = _selected(src.relative_to(TEMPLATES), profile, prof["exclude"])
+        rel = _selected(src.relative_to(TEMPLATES), prof["templates"], prof["exclude"])
         if rel is None:
             continue
         model = rel.parts[0]

@@ -47,17 +47,24 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment tritonserver and its Python stubs need (STACK.md)."""
+def server_environment(base: dict[str, str] | None = None, venv: Path = VENV,
+                       runtime: Path = RUNTIME, device: str = "cpu") -> dict[str, str]:
+    """The environment tritonserver and its Python stubs need (STACK.md).
+
+    ``venv`` is the environment the stubs import from (its ``bin/`` goes first on PATH);
+    the server's shared libraries are the pytriton wheel's, found in that venv's
+    site-packages or, for a runtime laid out without the wheel (the offline GPU bundle),
+    in ``runtime/lib``. ``device`` "cuda" leaves vLLM's target device to the engines.
+    """
     env = dict(os.environ if base is None else base)
-    site = Path(sysconfig.get_paths(vars={"base": str(VENV), "platbase": str(VENV)})["purelib"])
+    site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    libs = [str(site / "nvidia_pytriton.libs"), libdir]
+    libs = [str(p) for p in (site / "nvidia_pytriton.libs", runtime / "lib") if p.is_dir()] + [libdir]
     if env.get("LD_LIBRARY_PATH"):
         libs.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
     # The stub picks its site-packages from the python found first on PATH.
-    env["PATH"] = f"{VENV / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
     env["LC_ALL"] = "C.UTF-8"
@@ -65,7 +72,8 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     tmp = CACHE / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     env["TMPDIR"] = str(tmp)
-    env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    if device == "cpu":
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -88,6 +96,9 @@ class TritonServer:
     extra_args: Sequence[str] = ()
     address: str = "127.0.0.1"
     nice: int = 0  # added to the server's niceness (all its processes): > 0 yields CPU to its clients
+    runtime: Path = RUNTIME  # tritonserver's folder (bin/, backends/, caches/)
+    venv: Path = VENV  # the environment the Python stubs import from
+    device: str = "cpu"  # "cuda": GPU metrics on, vLLM's device left to the engines
     proc: subprocess.Popen | None = None
     shm_prefix: str = field(default_factory=lambda: f"hybrid_{uuid.uuid4().hex[:10]}_")
     _known_pids: set[int] = field(default_factory=set)
@@ -115,21 +126,21 @@ class TritonServer:
 
     def command(self) -> list[str]:
         """The tritonserver command line."""
-        binary = RUNTIME / "bin" / "tritonserver"
+        binary = self.runtime / "bin" / "tritonserver"
         if not binary.exists():
             raise FileNotFoundError(f"{binary} is missing; run build_scripts/setup.sh (make setup)")
         cmd = [
             str(binary),
             f"--model-repository={self.repository}",
-            f"--backend-directory={RUNTIME / 'backends'}",
-            f"--cache-directory={RUNTIME / 'caches'}",
+            f"--backend-directory={self.runtime / 'backends'}",
+            f"--cache-directory={self.runtime / 'caches'}",
             f"--http-address={self.address}",
             f"--grpc-address={self.address}",
             f"--metrics-address={self.address}",
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
-            "--allow-gpu-metrics=false",
+            f"--allow-gpu-metrics={'true' if self.device == 'cuda' else 'false'}",
             "--allow-cpu-metrics=true",
             "--metrics-interval-ms=1000",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
@@ -147,7 +158,8 @@ class TritonServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, env=server_environment(),
+            self.command(), stdout=log, stderr=subprocess.STDOUT,
+            env=server_environment(venv=self.venv, runtime=self.runtime, device=self.device),
             cwd=str(ROOT), start_new_session=True, preexec_fn=functools.partial(_prepare_child, self.nice),
         )
         log.close()

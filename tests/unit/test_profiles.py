@@ -25,7 +25,7 @@ from build_scripts import build_trtllm_engine
 from build_scripts.render import PLACEHOLDER, ROOT, load_profile, render
 from hybrid_router.requests import TRTLLM_OUTPUTS, TRTLLM_REQUEST_TENSORS, VLLM_OUTPUTS, VLLM_REQUEST_TENSORS
 
-PROFILES = ("cpu", "gpu")
+PROFILES = ("cpu", "gpu", "gpu-vllm")
 MODELS = {"router_bls", "trtllm", "vllm_backend"}
 DOCKERFILE = ROOT / "build_scripts" / "Dockerfile"
 
@@ -153,7 +153,7 @@ def test_model_json_keys_are_vllm_engine_args(repos):
             unknown = set(json.loads(path.read_text())) - fields
             assert not unknown, f"{profile}: {path.parent.parent.name}/1/model.json has non-engine args {unknown}"
             checked += 1
-    assert checked == 3  # cpu: vllm_backend + trtllm stand-in; gpu: vllm_backend
+    assert checked == 5  # cpu, gpu-vllm: vllm_backend + trtllm stand-in; gpu: vllm_backend
 
 
 def _dry_run(capsys, model_dir: Path, *extra: str) -> tuple[list[list[str]], str]:
