@@ -7,12 +7,17 @@ Hugging Face format. Output is gibberish, but every engine path (tokenize,
 prefill, decode, stream, detokenize) is real, and the folder is a valid input for
 GPU vLLM and for the TensorRT-LLM checkpoint converter.
 
-Usage: python -m build_scripts.make_tiny_model --out models/tiny-llama [--seed 0]
+Usage: python -m build_scripts.make_tiny_model --out models/tiny-llama [--seed 0] [--size tiny|1b]
+
+``--size 1b`` makes the gpu-vllm profile's ~0.9B model (hidden 2048, 16 layers, 16 heads /
+8 KV heads): big enough that a GPU engine's batching, KV cache and CUDA graphs behave as
+they do for real checkpoints, with the same gibberish output.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -41,6 +46,13 @@ class TinyModelSpec:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 4096
     corpus_files: int = 400
+
+
+SIZES = {
+    "tiny": TinyModelSpec(),
+    "1b": TinyModelSpec(vocab_size=16384, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+                        num_attention_heads=16, num_key_value_heads=8),
+}
 
 
 def _corpus_files(limit: int) -> list[Path]:
@@ -90,10 +102,13 @@ def train_tokenizer(spec: TinyModelSpec, out: Path) -> None:
 def write_weights(spec: TinyModelSpec, out: Path) -> None:
     """Write a seeded random-weight Llama checkpoint (bf16 safetensors) and its configs."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    # The embedding covers exactly the trained vocabulary: a sampled id past it would
+    # have no text (BPE training can stop short of spec.vocab_size on a small corpus).
+    vocab = len(PreTrainedTokenizerFast.from_pretrained(str(out)))
     config = LlamaConfig(
-        vocab_size=spec.vocab_size,
+        vocab_size=vocab,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_hidden_layers,
@@ -157,8 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="output folder")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="regenerate even if present")
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny",
+                        help="tiny: the CPU profile's 7M model; 1b: the gpu-vllm profile's ~0.9B model")
     args = parser.parse_args(argv)
-    generate(args.out, TinyModelSpec(seed=args.seed), force=args.force)
+    spec = dataclasses.replace(SIZES[args.size], seed=args.seed)
+    generate(args.out, spec, force=args.force)
     return 0
 
 

@@ -117,10 +117,11 @@ class RequestRecord:
 
 
 def send(url: str, model: str, sample: SampledRequest, contract: str, tokenizer: Any = None,
-         timeout_s: float = 300.0) -> StreamResult:
+         timeout_s: float = 300.0, parameters: dict[str, Any] | None = None) -> StreamResult:
     """Stream one sampled request to ``model`` (Triton request priority = the request's class)."""
     tensors = pack(contract, sample.request, tokenizer)
-    return stream_grpc(url, model, tensors, priority=sample.request.priority, timeout_s=timeout_s)
+    return stream_grpc(url, model, tensors, priority=sample.request.priority, timeout_s=timeout_s,
+                       parameters=parameters)
 
 
 def make_record(index: int, stage: int, sample: SampledRequest, scheduled_s: float, start_s: float,
@@ -137,7 +138,8 @@ def make_record(index: int, stage: int, sample: SampledRequest, scheduled_s: flo
 def run_open_loop(url: str, model: str, schedule: Sequence[tuple[Arrival, SampledRequest]],
                   contract: str, tokenizer: Any = None, max_in_flight: int = 128,
                   timeout_s: float = 300.0,
-                  on_done: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+                  on_done: Callable[[RequestRecord], None] | None = None,
+                  parameters: dict[str, Any] | None = None) -> list[RequestRecord]:
     """Start each request at its arrival offset (threads), wait for all; records in schedule order."""
     records: list[RequestRecord | None] = [None] * len(schedule)
     lock = threading.Lock()
@@ -146,7 +148,7 @@ def run_open_loop(url: str, model: str, schedule: Sequence[tuple[Arrival, Sample
     def work(i: int, arrival: Arrival, sample: SampledRequest) -> None:
         start = time.monotonic() - t0
         try:
-            result = send(url, model, sample, contract, tokenizer, timeout_s)
+            result = send(url, model, sample, contract, tokenizer, timeout_s, parameters)
         except Exception as exc:  # noqa: BLE001 - a client-side failure is a failed request, not a crash
             result = StreamResult(error=f"client error: {exc!r}", error_code="CLIENT",
                                   e2e_s=time.monotonic() - t0 - start)

@@ -461,3 +461,18 @@ def test_stream_interval_sends_the_first_piece_at_once_and_merges_the_rest(engin
         assert t.sent["s"]["text"] == "abcdef"
     finally:
         svc.stop()
+
+
+def test_a_request_may_pick_its_policy_when_the_server_allows_it():
+    t = FakeTransport()
+    svc = service(t, policy_override=True)
+    try:
+        # hybrid (the configured policy) sends a short SLA-bound prompt to vLLM; trtllm_only
+        # sends the same request to trtllm; the policy objects are kept (round robin has state).
+        assert svc.admit(job(10, 50.0), "hybrid") and svc.admit(job(10, 50.0, policy="trtllm_only"), "forced")
+        wait_done(t, ["hybrid", "forced"])
+        assert t.sent["hybrid"]["backend"] == "vllm_backend" and t.sent["forced"]["backend"] == "trtllm"
+        assert svc.policy_for(job(policy="round_robin")) is svc.policy_for(job(policy="round_robin"))
+        assert svc.policy_for(job()) is svc.policy
+    finally:
+        svc.stop()

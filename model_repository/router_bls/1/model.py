@@ -16,7 +16,7 @@ from hybrid_router import triton_adapter as ta  # noqa: E402
 from hybrid_router.config import config_from_parameters, instance_of, instance_share  # noqa: E402
 from hybrid_router.contracts import CANCEL_VIA_STOP, ROUTER_INPUTS, InvalidInput  # noqa: E402
 from hybrid_router.metrics import RouterMetrics  # noqa: E402
-from hybrid_router.requests import build_job  # noqa: E402
+from hybrid_router.requests import build_job, requested_policy  # noqa: E402
 from hybrid_router.service import EngineError, RouterService  # noqa: E402
 from hybrid_router.tokens import prompt_encoder  # noqa: E402
 
@@ -87,6 +87,7 @@ class TritonPythonModel:
             try:
                 values = ta.read_request(request, ROUTER_INPUTS)
                 job = build_job(values, self.cfg, self._tokenize)
+                job.policy = requested_policy(ta.request_parameters(request), self.cfg)
             except InvalidInput as exc:
                 self.metrics.rejected("invalid")
                 ta.send_error(sender, f"router_bls: {exc}", "INVALID_ARG")

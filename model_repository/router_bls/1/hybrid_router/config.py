@@ -32,6 +32,9 @@ class RouterConfig:
     trtllm_model: str = "trtllm"
     vllm_model: str = "vllm_backend"
     policy: str = "hybrid"
+    # Off by default. On, a request may name another policy in its Triton request parameter
+    # 'routing_policy' (benchmarks compare policies on one running server: no reload).
+    policy_override: bool = False
     # Rule 1-3: length tiers (tokens of the model's tokenizer) and the SLA rule.
     long_prompt_tokens: int = 2048
     short_prompt_tokens: int = 512

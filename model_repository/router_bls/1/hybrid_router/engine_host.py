@@ -93,6 +93,11 @@ def configure_cpu_environment(threads_bind: str, kv_cache_gib: str, cache_root: 
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+    use_cache_root(cache_root)
+
+
+def use_cache_root(cache_root: str) -> None:
+    """Keep vLLM's and torch's caches (compiled graphs, kernels, RPC sockets) under ``cache_root``."""
     if cache_root:
         root = Path(cache_root)
         for var, sub in (

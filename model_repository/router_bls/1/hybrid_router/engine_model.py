@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from . import triton_adapter as ta
 from .contracts import CANCEL_VIA_STOP, ENGINE_READY, CancelCheck, InvalidInput
-from .engine_host import EngineHost, EngineStatsSink, configure_cpu_environment, use_utf8_locale
+from .engine_host import EngineHost, EngineStatsSink, configure_cpu_environment, use_cache_root, use_utf8_locale
 
 # Engine args that only mean something on GPU; dropped on the CPU platform.
 _GPU_ONLY_ARGS = ("gpu_memory_utilization",)
@@ -63,6 +63,7 @@ class EngineModelBase:
         else:
             os.environ["VLLM_TARGET_DEVICE"] = "cuda"
             use_utf8_locale()
+            use_cache_root(self.params.get("cache_root", ""))
         restart = str(self.params.get("restart_on_engine_death", "true")).strip().lower()
         if restart not in ("true", "false"):
             raise ValueError(f"config.pbtxt parameter 'restart_on_engine_death' = {restart!r}: use true or false")

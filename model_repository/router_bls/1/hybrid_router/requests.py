@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .config import RouterConfig
+from .config import POLICIES, RouterConfig
 from .contracts import InvalidInput
 
 
@@ -37,6 +37,24 @@ class RouterJob:
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
     request_id: str = ""
+    policy: str | None = None  # a per-request routing policy (policy_override); None: the configured one
+
+
+POLICY_PARAMETER = "routing_policy"
+
+
+def requested_policy(parameters: Mapping[str, Any], cfg: RouterConfig) -> str | None:
+    """The request parameter 'routing_policy', checked: None when absent; InvalidInput when
+    the server does not allow it (policy_override off) or names no policy."""
+    name = parameters.get(POLICY_PARAMETER)
+    if name is None:
+        return None
+    if not cfg.policy_override:
+        raise InvalidInput(f"request parameter '{POLICY_PARAMETER}' is not accepted by this server "
+                           "(router_bls parameter policy_override is false); send the request without it")
+    if name not in POLICIES:
+        raise InvalidInput(f"request parameter '{POLICY_PARAMETER}' is {name!r}; send one of {list(POLICIES)}")
+    return str(name)
 
 
 def build_job(values: Mapping[str, Any], cfg: RouterConfig, tokenize: Callable[[str], list[int]]) -> RouterJob:

@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -23,7 +23,8 @@ from .contracts import ENGINE_READY, CancelCheck
 from .detok import IncrementalDetokenizer
 from .dispatch import Dispatcher, Ticket
 from .latency import LatencyWindow
-from .policy import ENGINE_KEYS, TRTLLM, VLLM, Decision, EngineStats, RequestFeatures, create_policy, engine_weight, other
+from .policy import (ENGINE_KEYS, TRTLLM, VLLM, Decision, EngineStats, RequestFeatures, RoutingPolicy,
+                     create_policy, engine_weight, other)
 from .requests import (
     TRTLLM_OUTPUTS, VLLM_OUTPUTS, RouterJob, find_stop, trtllm_inputs, trtllm_stop_inputs,
     vllm_inputs, vllm_stop_inputs,
@@ -123,6 +124,8 @@ class RouterService:
         self.clock = clock
         self.log = log
         self.policy = create_policy(cfg)
+        # Per-request policies (policy_override): one object each, made on first use.
+        self._policies: dict[str, RoutingPolicy] = {cfg.policy: self.policy}
         self.engines = {e: EngineState(cfg, clock) for e in ENGINE_KEYS}
         eos = getattr(tokenizer, "eos_token_id", None)
         self.end_id = cfg.end_id if cfg.end_id >= 0 else int(eos if eos is not None else 2)
@@ -284,10 +287,17 @@ class RouterService:
         """Policy inputs of a job."""
         return RequestFeatures(len(job.prompt_ids), job.latency_sla_ms, job.priority)
 
+    def policy_for(self, job: RouterJob) -> RoutingPolicy:
+        """The policy that routes ``job``: its own (policy_override) or the configured one."""
+        name = job.policy or self.cfg.policy
+        if name not in self._policies:
+            self._policies[name] = create_policy(replace(self.cfg, policy=name))
+        return self._policies[name]
+
     def admit(self, job: RouterJob, sender: Any) -> bool:
         """Decide and queue a request; False (caller answers UNAVAILABLE) when the queue is full."""
         job.request_id = job.request_id or uuid.uuid4().hex
-        decision = self.policy.decide(self.features(job), self.engine_stats())
+        decision = self.policy_for(job).decide(self.features(job), self.engine_stats())
         pending = Pending(job, sender, decision, self.clock())
         ticket = self.dispatcher.submit(decision.engine, job.priority, pending)
         if ticket is None:
