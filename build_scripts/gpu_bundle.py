@@ -321,7 +321,7 @@ def make(args: argparse.Namespace) -> int:
     groups: dict[str, dict[str, Path]] = {g: {} for g in GROUP_ORDER}
     # The stub's pinned sources and build inputs.
     sources = cache / "stub-sources"
-    subprocess.run([sys.executable, "-m", "build_scripts.build_stub", "sources", "--dest", str(sources),
+    subprocess.run([sys.executable, "-m", "build_scripts.build_stub", "sources", "--out", str(sources),
                     *(["--git-template", args.git_template] if args.git_template else [])],
                    cwd=ROOT, check=True)
     for path in sorted(sources.rglob("*")):
@@ -332,9 +332,12 @@ def make(args: argparse.Namespace) -> int:
         if path.is_file():
             groups["stub"][f"include/{path.relative_to(rapidjson / 'usr' / 'include').as_posix()}"] = path
     # tritonserver 2.51 from the pytriton wheel (its files only; no Python API).
-    import pytriton
+    import importlib.util
 
-    for rel, path in runtime_files(Path(pytriton.__file__).resolve().parent).items():
+    spec = importlib.util.find_spec("pytriton")  # found, not imported (its API needs more packages)
+    if spec is None or not spec.submodule_search_locations:
+        raise BundleError("nvidia-pytriton is not installed in this Python: run make setup, then use .venv/bin/python")
+    for rel, path in runtime_files(Path(list(spec.submodule_search_locations)[0])).items():
         groups["runtime"][rel] = path
     # Wheels; vLLM repacked on its own group, last.
     wheels = pip_download(pins, cache / "wheels")

@@ -172,8 +172,10 @@ def setup(args: argparse.Namespace) -> int:
         _stamp("stub")
         say(f"stub built and installed in {time.monotonic() - t0:.0f} s")
     if not _stamped("smoke"):
+        # Under the image's numpy 2: the wheel's stub fails exactly this check.
         subprocess.run([py, "-m", "build_scripts.stub_smoke", "--server-root", str(RUNTIME),
-                        "--lib-dir", str(RUNTIME / "lib")], cwd=ROOT, check=True)
+                        "--python-bin-dir", str(Path(py).parent), "--ld-library-path", str(RUNTIME / "lib"),
+                        "--expect-numpy", "2"], cwd=ROOT, check=True)
         _stamp("smoke")
     if not args.skip_model and not _stamped("model"):
         subprocess.run([py, "-m", "build_scripts.make_tiny_model", "--out", str(MODEL), "--size", "1b"],

@@ -29,6 +29,7 @@ writes ``<name>.json`` into ``--out``; ``report`` turns them into ``results.md``
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import itertools
 import json
@@ -198,9 +199,15 @@ def closed_loop(job: WorkerJob, next_sample: Callable[[], SampledRequest]) -> Wo
     return WorkerResult([r.as_dict() for r in records], gaps, time.monotonic() - t0)
 
 
+@functools.lru_cache(maxsize=4)
+def _prompts(tokenizer: str) -> PromptFactory:
+    """One prompt factory per load process and tokenizer (building one scans the vocabulary)."""
+    return PromptFactory(load_tokenizer(tokenizer))
+
+
 def run_worker(job: WorkerJob) -> WorkerResult:
     """Entry point of one load process."""
-    prompts = PromptFactory(load_tokenizer(job.tokenizer))
+    prompts = _prompts(job.tokenizer)
     sampler = WorkloadSampler(fixed_mix(job.prompt_tokens, job.output_tokens), prompts, seed=job.seed)
     return closed_loop(job, sampler.sample)
 
@@ -227,6 +234,31 @@ def parse_gauges(text: str, names: Sequence[str]) -> dict[str, float]:
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
             except ValueError:
                 continue
+    return out
+
+
+# Server processes whose CPU the benchmark reports, by a part of their command line.
+SERVER_ROLES = {"router_stub": "/router_bls/1/model.py", "vllm_backend_stub": "/vllm_backend/1/model.py",
+                "trtllm_stub": "/trtllm/1/model.py", "tritonserver": "bin/tritonserver",
+                "vllm_serve": "vllm.entrypoints.cli.main serve", "engine_cores": "VLLM::EngineCore"}
+
+
+def server_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this host's server processes, by role."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            role = next((r for r, part in SERVER_ROLES.items() if part in cmd), None)
+            if role is None:
+                continue
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            continue
     return out
 
 
@@ -265,16 +297,22 @@ class GpuSampler:
                 return
 
     def __enter__(self) -> "GpuSampler":
+        self._cpu0, self._t0 = server_cpu(), time.monotonic()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        wall = time.monotonic() - self._t0
+        cpu1 = server_cpu()
+        self.cpu_cores = {role: (cpu1[role] - self._cpu0.get(role, 0.0)) / wall
+                          for role in cpu1 if wall > 0}
 
     def summary(self) -> dict[str, Any]:
-        """Mean and max of each figure over the window."""
-        out: dict[str, Any] = {"source": self.source, "samples": len(self.samples)}
+        """Mean and max of each figure over the window, and the cores each server process used."""
+        out: dict[str, Any] = {"source": self.source, "samples": len(self.samples),
+                               "cpu_cores": {k: round(v, 3) for k, v in getattr(self, "cpu_cores", {}).items()}}
         for name in GPU_METRICS:
             values = [s[name] for s in self.samples if name in s]
             if values:
@@ -306,42 +344,46 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-def run_level(target: Target, streams: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """One closed-loop round at ``streams`` concurrent streams, spread over load processes."""
-    jobs = [WorkerJob(target, n, args.duration, args.prompt_tokens, args.output_tokens, str(args.tokenizer),
-                      seed * 1000 + i) for i, n in enumerate(split_streams(streams, args.procs))]
+def run_level(pool: Any, target: Target, streams: int, args: argparse.Namespace, seed: int,
+              duration_s: float | None = None) -> dict[str, Any]:
+    """One closed-loop round at ``streams`` concurrent streams, spread over the pool's processes."""
+    jobs = [WorkerJob(target, n, duration_s or args.duration, args.prompt_tokens, args.output_tokens,
+                      str(args.tokenizer), seed * 1000 + i, args.timeout_s)
+            for i, n in enumerate(split_streams(streams, args.procs))]
     with GpuSampler(getattr(args, "metrics_url", None)) as gpu:
-        with mp.get_context("spawn").Pool(len(jobs)) as pool:
-            results = pool.map(run_worker, jobs)
+        results = pool.map(run_worker, jobs, chunksize=1)
     figures = level_figures(results)
     figures["gpu"] = gpu.summary()
     return figures
 
 
-def warm(target: Target, args: argparse.Namespace) -> None:
-    """A few requests first, so CUDA graphs, caches and connections are warm."""
-    ns = argparse.Namespace(**{**vars(args), "duration": 3.0, "procs": 1})
-    run_level(target, 4, ns, seed=99)
-
-
 def closed_loop_suite(targets: Sequence[Target], args: argparse.Namespace) -> dict[str, Any]:
-    """Every level x repeat x target, the targets' order alternating between repeats."""
+    """Every level x repeat x target, the targets' order alternating between repeats.
+
+    One pool of load processes serves every round (each loads the tokenizer once); a
+    short warm-up per target first, so CUDA graphs, caches and connections are warm.
+    """
     out: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items() if k != "func"},
                            "levels": {}}
-    for t in targets:
-        warm(t, args)
+    with mp.get_context("spawn").Pool(args.procs) as pool:
+        for t in targets:
+            run_level(pool, t, min(args.procs * 2, 16), args, seed=99, duration_s=3.0)
+        _levels_loop(pool, targets, args, out)
+    return out
+
+
+def _levels_loop(pool: Any, targets: Sequence[Target], args: argparse.Namespace, out: dict[str, Any]) -> None:
     for level in args.levels:
         rounds: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
         for rep in range(args.repeats):
             order = targets if rep % 2 == 0 else list(reversed(targets))
             for t in order:
-                fig = run_level(t, level, args, seed=rep)
+                fig = run_level(pool, t, level, args, seed=rep)
                 rounds[t.name].append(fig)
                 print(f"[gpu-bench] {t.name} {level} streams round {rep + 1}: {fig['tok_s']:.0f} tok/s, "
                       f"TTFT p50 {fig['ttft_p50_ms'] or 0:.1f} ms, ITL p50 {fig['itl_p50_ms'] or 0:.2f} ms, "
                       f"errors {fig['errors']}", flush=True)
         out["levels"][str(level)] = rounds
-    return out
 
 
 # --------------------------------------------------------------------------- p2: policies
@@ -495,8 +537,14 @@ def gpu_line(figs: Sequence[dict[str, Any]]) -> str:
     util = med([f["gpu"].get("nv_gpu_utilization", {}).get("mean") for f in figs if "gpu" in f])
     mem = med([f["gpu"].get("nv_gpu_memory_used_bytes", {}).get("max") for f in figs if "gpu" in f])
     power = med([f["gpu"].get("nv_gpu_power_usage", {}).get("mean") for f in figs if "gpu" in f])
+    cores = {}
+    for f in figs:
+        for role, value in f.get("gpu", {}).get("cpu_cores", {}).items():
+            cores.setdefault(role, []).append(value)
+    busy = ", ".join(f"{role} {med(v):.2f}" for role, v in sorted(cores.items()) if med(v))
     return (f"GPU util {_f(None if util is None else util * 100, '{:.0f}')}%, memory "
-            f"{_f(None if mem is None else mem / 2**30)} GiB, power {_f(power, '{:.0f}')} W")
+            f"{_f(None if mem is None else mem / 2**30)} GiB, power {_f(power, '{:.0f}')} W; "
+            f"CPU cores busy: {busy or '-'}")
 
 
 def report(out: Path) -> str:

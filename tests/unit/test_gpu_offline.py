@@ -251,3 +251,37 @@ def test_p2_rows_compare_with_round_robin():
     rows = {r[0]: r for r in gpu_bench.p2_rows({"policies": {"hybrid": rounds(50.0, 0.9),
                                                              "round_robin": rounds(200.0, 0.45)}})}
     assert rows["hybrid"][2] == "0.25" and rows["hybrid"][4] == "2.00" and rows["round_robin"][2] == "1.00"
+
+
+def test_openai_stream_client_times_chunks_and_reads_usage():
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            assert body["stream"] and body["stream_options"] == {"include_usage": True}
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for event in ({"choices": [{"text": "he", "finish_reason": None}]},
+                          {"choices": [{"text": "llo", "finish_reason": "length"}]},
+                          {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}}):
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        from client.packing import GenerationRequest
+
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = gpu_bench.stream_openai(url, "m", GenerationRequest(prompt="hi", max_tokens=2))
+        assert result.error is None and result.text == "hello" and result.finish_reason == "length"
+        assert (result.num_input_tokens, result.num_output_tokens) == (7, 2)
+        assert result.ttft_s is not None and len(result.chunk_times_s) == 2
+    finally:
+        server.shutdown()
