@@ -175,7 +175,7 @@ def setup(args: argparse.Namespace) -> int:
         # Under the image's numpy 2: the wheel's stub fails exactly this check.
         subprocess.run([py, "-m", "build_scripts.stub_smoke", "--server-root", str(RUNTIME),
                         "--python-bin-dir", str(Path(py).parent), "--ld-library-path", str(RUNTIME / "lib"),
-                        "--expect-numpy", "2"], cwd=ROOT, check=True)
+                        "--expect-numpy", args.expect_numpy], cwd=ROOT, check=True)
         _stamp("smoke")
     if not args.skip_model and not _stamped("model"):
         subprocess.run([py, "-m", "build_scripts.make_tiny_model", "--out", str(MODEL), "--size", "1b"],
@@ -361,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the interpreter the stub is built for and the venv is based on")
     s.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     s.add_argument("--skip-model", action="store_true")
+    s.add_argument("--expect-numpy", default="2", help="the smoke check fails unless the stub sees this numpy")
     v = sub.add_parser("serve", help="render gpu-vllm and run tritonserver until SIGTERM")
     v.add_argument("--detach", action="store_true", help="run in the background; return once ready")
     v.add_argument("--ports", default="8000,8001,8002", help="HTTP,gRPC,metrics")
