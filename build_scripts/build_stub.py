@@ -661,6 +661,7 @@ class BuildConfig:
     install: bool = True
     allow_unpinned: bool = False
     werror: bool = True
+    allow_old_boost: bool = False
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -899,6 +900,24 @@ class Built:
     python: PythonInfo
 
 
+def check_boost(version: str, allow_old: bool = False) -> None:
+    """Refuse Boost < 1.78 unless allowed: the wheel's libtriton_python.so (Boost 1.79) makes robust
+    interprocess mutexes (1.78+), older headers make plain ones.
+
+    The layouts match (1.74 checked against 1.79), but a router stub built with 1.74 crashed
+    under load in ``Metric::~Metric`` -> ``pthread_mutex_lock`` and at exit; built with 1.81
+    it did not (one run each, 2026-12-04). Boost 1.81 is Debian bookworm's libboost1.81-dev.
+    """
+    if parse_version(version)[:2] >= (1, 78):
+        return
+    message = (f"Boost {version} makes plain interprocess mutexes; the server's libtriton_python.so (Boost "
+               "1.79) makes robust ones, and a 1.74 stub crashed in shared-memory locking. Use Boost >= 1.78 "
+               "(Debian: libboost1.81-dev, or --boost-include with its extracted headers)")
+    if not allow_old:
+        raise StubBuildError(message + "; --allow-old-boost builds anyway")
+    print(f"[stub] WARNING: {message} (--allow-old-boost)", flush=True)
+
+
 def step_build(cfg: BuildConfig) -> Built:
     """Configure and build the stub from a sources folder."""
     started = time.monotonic()
@@ -908,10 +927,7 @@ def step_build(cfg: BuildConfig) -> Built:
     check_python(py)
     version = cmake_version(cfg.cmake)
     boost = boost_version(cfg.boost_include)
-    if parse_version(boost)[:2] < (1, 78):
-        # Layouts match (checked 1.74 against 1.79), so this is a note, not an error.
-        print(f"[stub] note: Boost {boost} makes plain interprocess mutexes; the wheel's libtriton_python.so "
-              "(Boost 1.79) makes robust ones (since 1.78). Boost >= 1.78 (Debian libboost1.81-dev) matches it.")
+    check_boost(boost, cfg.allow_old_boost)
     check_rapidjson(cfg.rapidjson_include)
     build = (cfg.build_dir or DEFAULT_BUILD_ROOT / py.tag).resolve()
     build.mkdir(parents=True, exist_ok=True)
@@ -1064,6 +1080,7 @@ def build_parser() -> argparse.ArgumentParser:
     bld.add_argument("--runtime", type=Path, default=DEFAULT_RUNTIME,
                      help="tritonserver runtime to install into (default .runtime/tritonserver)")
     bld.add_argument("--no-install", action="store_true", help="build and check only")
+    bld.add_argument("--allow-old-boost", action="store_true", help="build with Boost < 1.78 anyway")
     bld.add_argument("--no-werror", action="store_true",
                      help="drop upstream's -Werror (for a compiler newer than upstream's that warns more)")
 
@@ -1099,7 +1116,7 @@ def build_config(args: argparse.Namespace) -> BuildConfig:
                        cuda_root=args.cuda_root.resolve() if args.cuda_root else None, libarchive=args.libarchive,
                        jobs=args.jobs, cmake=args.cmake, runtime=args.runtime.resolve(),
                        install=not args.no_install, allow_unpinned=args.allow_unpinned,
-                       werror=not args.no_werror)
+                       werror=not args.no_werror, allow_old_boost=args.allow_old_boost)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -189,8 +189,14 @@ def setup(args: argparse.Namespace) -> int:
             install_wheels(py, site, groups)
             _stamp("wheels")
             say(f"wheels installed into {site} in {time.monotonic() - t0:.0f} s")
+        # What the engine and router stubs and the benchmark import (an import that fails only
+        # inside a stub costs a whole server start to find: MistralCommonBackend did).
         check = subprocess.run([str(VENV / "bin" / "python3"), "-c",
-                                "import numpy, torch, vllm, tritonclient.grpc; "
+                                "import numpy, torch, vllm, tritonclient.grpc, transformers; "
+                                "from vllm.v1.engine.async_llm import AsyncLLM; "
+                                "from vllm.engine.arg_utils import AsyncEngineArgs; "
+                                "import vllm.v1.structured_output.backend_guidance; "
+                                "import vllm.entrypoints.openai.api_server; "
                                 "print('numpy', numpy.__version__, 'torch', torch.__version__, 'vllm', "
                                 "vllm.__version__, 'cuda', torch.cuda.is_available())"],
                                capture_output=True, text=True)
@@ -256,7 +262,8 @@ def serve(args: argparse.Namespace) -> int:
             time.sleep(0.5)
     finally:
         server.stop(grace_s=30)
-        STATE.unlink(missing_ok=True)
+        if "exited" not in state:  # a server that died keeps its state file: 'wait' reports it
+            STATE.unlink(missing_ok=True)
     return 0
 
 

@@ -384,6 +384,8 @@ def _levels_loop(pool: Any, targets: Sequence[Target], args: argparse.Namespace,
                       f"TTFT p50 {fig['ttft_p50_ms'] or 0:.1f} ms, ITL p50 {fig['itl_p50_ms'] or 0:.2f} ms, "
                       f"errors {fig['errors']}", flush=True)
         out["levels"][str(level)] = rounds
+        # Saved after every level: a run cut short keeps what it measured.
+        (args.out / f"{args.cmd}.json").write_text(json.dumps(out, indent=1))
 
 
 # --------------------------------------------------------------------------- p2: policies

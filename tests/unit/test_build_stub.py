@@ -334,3 +334,14 @@ def test_version_parsing():
     assert bs.parse_version("2.13.0.dev1") == (2, 13, 0)
     with pytest.raises(bs.StubBuildError):
         bs.parse_version("dev")
+
+
+def test_boost_older_than_1_78_is_refused_unless_allowed(capsys):
+    from build_scripts.build_stub import StubBuildError, check_boost
+
+    check_boost("1.83.0")
+    check_boost("1.78.0")
+    with pytest.raises(StubBuildError, match="libboost1.81-dev"):
+        check_boost("1.74.0")
+    check_boost("1.74.0", allow_old=True)
+    assert "WARNING" in capsys.readouterr().out
