@@ -102,3 +102,11 @@ def test_http_generate_maps_invalid_arg_to_400(server):
     assert r.error_code == "INVALID_ARG" and "max_tokens" in r.error
     ok = stream_http(server.http_url, "router_bls", generate_payload(GenerationRequest("hi", max_tokens=3, stream=False)), stream=False)
     assert ok.ok
+
+
+def test_a_routing_policy_parameter_is_refused_when_the_server_does_not_allow_it(server):
+    # The default profiles render policy_override=false: the request parameter is an error
+    # that says so, not silently ignored.
+    r = stream_grpc(server.grpc_url, "router_bls", base(), timeout_s=60,
+                    parameters={"routing_policy": "round_robin"})
+    assert r.error_code == "INVALID_ARG" and "policy_override" in r.error, r.error

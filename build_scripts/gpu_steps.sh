@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU run of the gpu-vllm profile as a few whole steps, one per call to a GPU host that takes
+# one bundle folder per transfer and keeps files (not foreground processes) between calls.
+# docs/deploy_gpu.md, section 7, says what each gpu_offline command does; this only orders them.
+#
+#   build_scripts/gpu_steps.sh receive N   # take .bundle/parts/pNN; after the first, setup runs in
+#                                          # the background (its own session) while the rest arrive
+#   build_scripts/gpu_steps.sh serve       # wait for that setup, finish it, start the server, wait ready
+#   build_scripts/gpu_steps.sh p1|p2       # the benchmark, results into $OUT/h200 (or loadtests/results/h200)
+#   build_scripts/gpu_steps.sh peer        # stop the server, start plain vllm serve, same workload + vllm bench
+#
+# Environment: PY (default python3, the host's interpreter), JOBS (stub build), P2_QPS (default 80).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+PY="${PY:-python3}"
+VPY=.runtime/gpu/venv/bin/python3
+RESULTS="${OUT:-loadtests/results}/h200"
+SETUP_PID=.runtime/gpu-setup.pid
+SETUP_LOG=.runtime/gpu-setup.log
+mkdir -p .runtime "$RESULTS"
+
+wait_setup() {
+    # The background setup's PID, not a process-name match (pgrep -f would match this shell).
+    if [ -f "$SETUP_PID" ]; then
+        while kill -0 "$(cat "$SETUP_PID")" 2>/dev/null; do sleep 2; done
+        rm -f "$SETUP_PID"
+    fi
+    [ -f "$SETUP_LOG" ] && grep -E "gpu-offline|smoke\]|model\]|Error|FAIL" "$SETUP_LOG" | tail -15
+}
+
+case "${1:-}" in
+    receive)
+        n="$(printf '%02d' "${2:?receive N}")"
+        "$PY" -m build_scripts.gpu_offline receive ".bundle/parts/p$n" || exit 1
+        if [ ! -f "$SETUP_PID" ] && [ ! -f .runtime/gpu/.model.done ]; then
+            setsid "$PY" -m build_scripts.gpu_offline setup --jobs "${JOBS:-14}" >"$SETUP_LOG" 2>&1 </dev/null &
+            echo $! >"$SETUP_PID"
+            echo "[gpu-steps] setup started in the background (pid $(cat "$SETUP_PID"), log $SETUP_LOG)"
+        fi
+        ;;
+    serve)
+        wait_setup
+        "$PY" -m build_scripts.gpu_offline setup --jobs "${JOBS:-14}" || exit 1
+        "$PY" -m build_scripts.gpu_offline serve --detach --set router_policy_override=true --timeout 540
+        rc=$?
+        grep -E "engine ready|successfully loaded|failed to load|^E[0-9]{4}" build/gpu-vllm/server.log | cut -c1-300
+        exit $rc
+        ;;
+    p1)
+        "$VPY" -m loadtests.gpu_bench p1 --levels "${P1_LEVELS:-1,16,64,256}" --repeats 3 --duration 8 \
+            --procs 8 --out "$RESULTS"
+        curl -s localhost:8002/metrics | grep -E "^(router_|nv_gpu|nv_inference_count|vllm:)" >"$RESULTS/metrics_p1.txt"
+        ;;
+    p2)
+        "$VPY" -m loadtests.gpu_bench p2 --qps "${P2_QPS:-80}" --duration 12 --repeats 3 --out "$RESULTS"
+        curl -s localhost:8002/metrics | grep -E "^(router_|nv_gpu)" >"$RESULTS/metrics_p2.txt"
+        ;;
+    peer)
+        "$PY" -m build_scripts.gpu_offline stop
+        "$PY" -m build_scripts.gpu_offline peer --timeout 400 || { tail -40 build/gpu-vllm/vllm-serve.log; exit 1; }
+        "$VPY" -m loadtests.gpu_bench peer --levels "${P1_LEVELS:-1,16,64,256}" --repeats 3 --duration 8 \
+            --procs 8 --out "$RESULTS"
+        model="$(pwd)/models/random-llama-1b"
+        "$VPY" -m vllm.entrypoints.cli.main bench serve --backend openai --base-url http://127.0.0.1:8100 \
+            --endpoint /v1/completions --model "$model" --tokenizer "$model" --dataset-name random \
+            --random-input-len 256 --random-output-len 128 --num-prompts 1280 --max-concurrency 64 \
+            --save-result --result-dir "$RESULTS" --result-filename vllm_bench_serve_c64.json 2>&1 | tail -25
+        "$VPY" -m loadtests.gpu_bench report --out "$RESULTS" >/dev/null
+        ;;
+    *)
+        sed -n '2,12p' "$0"
+        exit 2
+        ;;
+esac
