@@ -11,13 +11,13 @@ The wheel's pybind11-2.10 stub fails this under numpy 2 (STACK.md): BYTES crash 
 numeric inputs arrive as copies of element 0, outputs arrive empty.
 
 Usage:
-  python build_scripts/stub_smoke.py [--server-root .runtime/tritonserver]
+  python -m build_scripts.stub_smoke [--server-root .runtime/tritonserver]
       [--python-bin-dir DIR]   # put first on PATH: the stub uses that Python's site-packages
       [--ld-library-path DIR]  # extra entries, repeatable (e.g. nvidia_pytriton.libs)
       [--stub PATH]            # test this stub instead of the runtime's (placed in the repository)
       [--expect-numpy 2.]      # fail unless the stub saw a numpy version starting so
 
-Standard library only (the models use numpy inside the stub). Exit 0 when everything
+Standard library and build_scripts.triton_server only (the models use numpy inside the stub). Exit 0 when everything
 matched; 1 with a message naming each difference.
 """
 
@@ -28,8 +28,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -38,13 +36,13 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from build_scripts.triton_server import TritonServer
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER_ROOT = ROOT / ".runtime" / "tritonserver"
-SHM = Path("/dev/shm")
 
 # Values chosen to catch the numpy-2 failures: several elements (a copy of element 0 shows),
 # non-ASCII, an empty string, JSON escapes, int32 extremes, floats that round in FP32.
@@ -189,29 +187,10 @@ def write_repository(folder: Path, stub: Path | None = None) -> Path:
     return folder
 
 
-def process_tree(pid: int) -> list[int]:
-    """PIDs of every process below ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def stub_executables(pid: int) -> set[str]:
-    """The executables of the Python stubs running below the server ``pid``."""
+def stub_executables(server: TritonServer) -> set[str]:
+    """The executables of the Python stubs running below the server."""
     exes = set()
-    for child in process_tree(pid):
+    for child in server.descendants():
         try:
             exe = os.readlink(f"/proc/{child}/exe")
         except OSError:
@@ -227,20 +206,6 @@ def sha256(path: Path) -> str:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return ""
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free TCP ports on loopback."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def python_libdir(bin_dir: Path) -> str:
@@ -272,85 +237,13 @@ def server_env(bin_dir: Path, lib_dirs: Sequence[str]) -> dict[str, str]:
     return env
 
 
-@dataclass
-class Server:
-    """One tritonserver process on free loopback ports; stop() ends only its own process group."""
-
-    root: Path
-    repository: Path
-    log_path: Path
-    env: dict[str, str]
-    ports: list[int] = field(default_factory=lambda: free_ports(3))
-    shm_prefix: str = field(default_factory=lambda: f"stubsmoke_{uuid.uuid4().hex[:8]}_")
-    proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        """Base URL of the HTTP endpoint."""
-        return f"http://127.0.0.1:{self.ports[0]}"
-
-    def start(self) -> None:
-        """Launch tritonserver in its own session (its stubs stay in its process group)."""
-        binary = self.root / "bin" / "tritonserver"
-        if not binary.exists():
-            raise SystemExit(f"[smoke] {binary} is missing (--server-root)")
-        cmd = [str(binary), f"--model-repository={self.repository}",
-               f"--backend-directory={self.root / 'backends'}",
-               "--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1",
-               f"--http-port={self.ports[0]}", f"--grpc-port={self.ports[1]}", f"--metrics-port={self.ports[2]}",
-               "--allow-gpu-metrics=false", "--log-verbose=0", "--exit-timeout-secs=5",
-               f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         start_new_session=True)
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Poll /v2/health/ready; raise with the log's tail if the server exits or never gets ready."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"tritonserver not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the server log."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def log_lines(self, markers: Sequence[str], limit: int) -> list[str]:
-        """The first ``limit`` log lines that contain one of ``markers``."""
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return []
-        return [line[:300] for line in lines if any(m in line for m in markers)][:limit]
-
-    def stop(self) -> None:
-        """SIGTERM then SIGKILL this server's process group (server and stubs); remove its shm regions."""
-        if self.proc is not None and self.proc.poll() is None:
-            pgid = self.proc.pid  # start_new_session: the server leads its own group
-            os.killpg(pgid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(pgid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-            time.sleep(0.5)
-            try:
-                os.killpg(pgid, signal.SIGKILL)  # stubs left behind by a server that did not stop them
-            except ProcessLookupError:
-                pass
-        for region in SHM.glob(f"{self.shm_prefix}*"):
-            region.unlink(missing_ok=True)
+def log_lines(path: Path, markers: Sequence[str], limit: int) -> list[str]:
+    """The first ``limit`` lines of a log that contain one of ``markers``."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line[:300] for line in lines if any(m in line for m in markers)][:limit]
 
 
 def post_json(url: str, body: dict[str, Any], timeout_s: float = 60.0) -> tuple[int, Any]:
@@ -491,20 +384,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     built = json.loads(record.read_text()).get("stub_sha256") if record.is_file() and not args.stub else None
     print(f"[smoke] stub {stub}" + (" (built by build_stub.py)" if built else ""))
     print(f"[smoke] PATH starts with {args.python_bin_dir.absolute()}; LD_LIBRARY_PATH={env['LD_LIBRARY_PATH']}")
+    if not (root / "bin" / "tritonserver").exists():
+        raise SystemExit(f"[smoke] {root / 'bin' / 'tritonserver'} is missing (--server-root)")
     work = Path(tempfile.mkdtemp(prefix="stub-smoke-"))
-    server = Server(root=root, repository=write_repository(work / "models", stub if args.stub else None),
-                    log_path=work / "tritonserver.log", env=env)
+    server = TritonServer(write_repository(work / "models", stub if args.stub else None), work / "tritonserver.log",
+                          runtime=root, env=env, extra_args=("--exit-timeout-secs=5",),
+                          shm_prefix=f"stubsmoke_{uuid.uuid4().hex[:8]}_")
     started = time.monotonic()
     try:
         server.start()
         server.wait_ready(args.timeout)
-        print(f"[smoke] server ready in {time.monotonic() - started:.1f} s at {server.url}")
-        running = stub_executables(server.proc.pid)  # before the checks: a crashed stub is gone
+        url = f"http://{server.http_url}"
+        print(f"[smoke] server ready in {time.monotonic() - started:.1f} s at {url}")
+        running = stub_executables(server)  # before the checks: a crashed stub is gone
         print(f"[smoke] stub processes run: {', '.join(sorted(running)) or '(none found)'}")
-        problems, versions = run_checks(server.url, f"http://127.0.0.1:{server.ports[2]}/metrics")
+        problems, versions = run_checks(url, server.metrics_url)
         if not running or any(sha256(Path(exe)) != sha256(stub) for exe in running):
             problems.append(f"the stubs that ran ({', '.join(sorted(running)) or 'none found'}) are not {stub}")
-    except RuntimeError as exc:
+    except (RuntimeError, TimeoutError) as exc:  # the server exited, or never got ready
         problems, versions = [str(exc)], {}
     finally:
         server.stop()
@@ -518,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in problems:
             print(f"[smoke]   - {problem}", file=sys.stderr)
         print(f"[smoke] server log: {server.log_path}; what the stubs said:", file=sys.stderr)
-        for line in server.log_lines(("what():", "Traceback", "Error", "error:"), limit=8):
+        for line in log_lines(server.log_path, ("what():", "Traceback", "Error", "error:"), limit=8):
             print(f"[smoke]   | {line}", file=sys.stderr)
         return 1
     print(f"[smoke] OK: echo, bls and stream returned exactly what was sent ({time.monotonic() - started:.1f} s)")

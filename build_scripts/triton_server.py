@@ -99,6 +99,7 @@ class TritonServer:
     runtime: Path = RUNTIME  # tritonserver's folder (bin/, backends/, caches/)
     venv: Path = VENV  # the environment the Python stubs import from
     device: str = "cpu"  # "cuda": GPU metrics on, vLLM's device left to the engines
+    env: dict[str, str] | None = None  # the server's whole environment; None: server_environment(...)
     proc: subprocess.Popen | None = None
     shm_prefix: str = field(default_factory=lambda: f"hybrid_{uuid.uuid4().hex[:10]}_")
     _known_pids: set[int] = field(default_factory=set)
@@ -159,7 +160,8 @@ class TritonServer:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT,
-            env=server_environment(venv=self.venv, runtime=self.runtime, device=self.device),
+            env=self.env if self.env is not None else server_environment(venv=self.venv, runtime=self.runtime,
+                                                                          device=self.device),
             cwd=str(ROOT), start_new_session=True, preexec_fn=functools.partial(_prepare_child, self.nice),
         )
         log.close()

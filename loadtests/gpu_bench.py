@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import functools
 import http.client
-import itertools
 import json
 import multiprocessing as mp
 import random
@@ -48,7 +47,8 @@ from typing import Any, Callable, Sequence
 from client.packing import GenerationRequest
 from client.stream import StreamResult
 
-from .runner import (RequestRecord, format_table, make_record, percentile, run_open_loop, send, summarize)
+from .runner import (RequestRecord, format_table, percentile, run_closed_loop, run_open_loop, send,
+                     summarize)
 from .shapes import Stage, step_arrivals
 from .workload import HYBRID_MIX, PromptFactory, RequestClass, SampledRequest, TokenRange, WorkloadMix, \
     WorkloadSampler, load_tokenizer
@@ -162,41 +162,24 @@ def gaps_of(result: StreamResult) -> list[float]:
 
 
 def closed_loop(job: WorkerJob, next_sample: Callable[[], SampledRequest]) -> WorkerResult:
-    """``job.streams`` back-to-back streams for ``job.duration_s`` (threads); records and gaps."""
-    records: list[RequestRecord] = []
+    """``job.streams`` back-to-back streams for ``job.duration_s`` (runner's closed loop); records and gaps."""
     gaps: list[float] = []
-    lock = threading.Lock()
     rng = random.Random(job.seed)
-    counter = itertools.count()
-    t0 = time.monotonic()
-    deadline = t0 + job.duration_s
 
-    def loop() -> None:
-        while time.monotonic() < deadline:
-            with lock:
-                index, sample = next(counter), next_sample()
-            start = time.monotonic() - t0
-            try:
-                result = job.target.send(sample, job.timeout_s)
-            except Exception as exc:  # noqa: BLE001 - a failed request, not a crashed benchmark
-                result = StreamResult(error=f"client error: {exc!r}", error_code="CLIENT")
-            rec = make_record(index, 0, sample, start, start, result)
-            with lock:
-                records.append(rec)
-                for g in gaps_of(result):  # reservoir sample keeps the percentiles unbiased
-                    if len(gaps) < ITL_SAMPLE:
-                        gaps.append(g)
-                    else:
-                        k = rng.randrange(len(gaps) * 4)
-                        if k < len(gaps):
-                            gaps[k] = g
+    def keep_gaps(record: RequestRecord, result: StreamResult) -> None:
+        for g in gaps_of(result):  # reservoir sample keeps the percentiles unbiased
+            if len(gaps) < ITL_SAMPLE:
+                gaps.append(g)
+            else:
+                k = rng.randrange(len(gaps) * 4)
+                if k < len(gaps):
+                    gaps[k] = g
 
-    threads = [threading.Thread(target=loop, daemon=True) for _ in range(job.streams)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return WorkerResult([r.as_dict() for r in records], gaps, time.monotonic() - t0)
+    t = job.target
+    records, wall = run_closed_loop(t.url, t.model, next_sample, t.contract, job.streams, job.duration_s,
+                                    timeout_s=job.timeout_s, send_fn=lambda sample: t.send(sample, job.timeout_s),
+                                    on_result=keep_gaps)
+    return WorkerResult([r.as_dict() for r in records], gaps, wall)
 
 
 @functools.lru_cache(maxsize=4)

@@ -169,11 +169,16 @@ def run_open_loop(url: str, model: str, schedule: Sequence[tuple[Arrival, Sample
 
 def run_closed_loop(url: str, model: str, next_sample: Callable[[], SampledRequest], contract: str,
                     concurrency: int, duration_s: float, tokenizer: Any = None,
-                    timeout_s: float = 300.0) -> tuple[list[RequestRecord], float]:
+                    timeout_s: float = 300.0,
+                    send_fn: Callable[[SampledRequest], StreamResult] | None = None,
+                    on_result: Callable[[RequestRecord, StreamResult], None] | None = None,
+                    ) -> tuple[list[RequestRecord], float]:
     """``concurrency`` streams back to back for ``duration_s``; returns records and the wall time.
 
     Requests started before the deadline run to completion; the wall time spans from
-    the start to the last completion, so throughput is tokens / wall.
+    the start to the last completion, so throughput is tokens / wall. ``send_fn``
+    replaces the gRPC send to ``url``/``model`` (another protocol); ``on_result`` sees
+    each record with its stream, under the loop's lock.
     """
     records: list[RequestRecord] = []
     lock = threading.Lock()
@@ -187,12 +192,15 @@ def run_closed_loop(url: str, model: str, next_sample: Callable[[], SampledReque
                 i, sample = next(counter), next_sample()
             start = time.monotonic() - t0
             try:
-                result = send(url, model, sample, contract, tokenizer, timeout_s)
+                result = (send_fn(sample) if send_fn is not None
+                          else send(url, model, sample, contract, tokenizer, timeout_s))
             except Exception as exc:  # noqa: BLE001 - count it as a failed request
                 result = StreamResult(error=f"client error: {exc!r}", error_code="CLIENT")
             rec = make_record(i, 0, sample, start, start, result)
             with lock:
                 records.append(rec)
+                if on_result is not None:
+                    on_result(rec, result)
 
     threads = [threading.Thread(target=loop, name=f"closed-{k}", daemon=True) for k in range(concurrency)]
     for t in threads:
