@@ -161,25 +161,35 @@ def gaps_of(result: StreamResult) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])]
 
 
+class Reservoir:
+    """A uniform sample of at most ``size`` values from a stream of any length (Algorithm R)."""
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        self.size = size
+        self.items: list[float] = []
+        self.seen = 0
+        self._rng = random.Random(seed)
+
+    def extend(self, values: Sequence[float]) -> None:
+        """Offer each value: kept with probability size / values seen so far."""
+        for value in values:
+            self.seen += 1
+            if len(self.items) < self.size:
+                self.items.append(value)
+            else:
+                k = self._rng.randrange(self.seen)
+                if k < self.size:
+                    self.items[k] = value
+
+
 def closed_loop(job: WorkerJob, next_sample: Callable[[], SampledRequest]) -> WorkerResult:
     """``job.streams`` back-to-back streams for ``job.duration_s`` (runner's closed loop); records and gaps."""
-    gaps: list[float] = []
-    rng = random.Random(job.seed)
-
-    def keep_gaps(record: RequestRecord, result: StreamResult) -> None:
-        for g in gaps_of(result):  # reservoir sample keeps the percentiles unbiased
-            if len(gaps) < ITL_SAMPLE:
-                gaps.append(g)
-            else:
-                k = rng.randrange(len(gaps) * 4)
-                if k < len(gaps):
-                    gaps[k] = g
-
+    gaps = Reservoir(ITL_SAMPLE, job.seed)
     t = job.target
     records, wall = run_closed_loop(t.url, t.model, next_sample, t.contract, job.streams, job.duration_s,
                                     timeout_s=job.timeout_s, send_fn=lambda sample: t.send(sample, job.timeout_s),
-                                    on_result=keep_gaps)
-    return WorkerResult([r.as_dict() for r in records], gaps, wall)
+                                    on_result=lambda record, result: gaps.extend(gaps_of(result)))
+    return WorkerResult([r.as_dict() for r in records], gaps.items, wall)
 
 
 @functools.lru_cache(maxsize=4)

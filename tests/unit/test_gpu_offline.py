@@ -285,3 +285,12 @@ def test_openai_stream_client_times_chunks_and_reads_usage():
         assert result.ttft_s is not None and len(result.chunk_times_s) == 2
     finally:
         server.shutdown()
+
+
+def test_the_gap_sample_is_uniform_over_the_whole_stream():
+    sample = gpu_bench.Reservoir(1000, seed=1)
+    sample.extend(range(100_000))
+    assert len(sample.items) == 1000 and sample.seen == 100_000
+    # Uniform over 0..99999: the mean is near 50,000 and early values survive.
+    assert 45_000 < sum(sample.items) / 1000 < 55_000
+    assert sum(1 for v in sample.items if v < 10_000) > 50
