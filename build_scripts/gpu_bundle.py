@@ -21,7 +21,6 @@ model, render, serve). docs/deploy_gpu.md, section 7, walks through both.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import lzma
 import re
@@ -33,6 +32,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from build_scripts.build_stub import sha256_file
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements" / "gpu-vllm-cp312.txt"
@@ -124,8 +125,9 @@ def wheel_installable(filename: str, tags: set[tuple[str, str, str]] | None = No
 
 def check_lock(pins: Sequence[Pin]) -> list[str]:
     """Problems with the wheel set for an empty cp312 --no-deps target (empty list: it installs)."""
+    tags = supported_tags()
     return [f"{p.filename}: no tag that CPython 3.12 on manylinux x86-64 installs"
-            for p in pins if not wheel_installable(p.filename)]
+            for p in pins if not wheel_installable(p.filename, tags)]
 
 
 @dataclass(frozen=True)
@@ -171,19 +173,10 @@ def plan_folders(sizes: Sequence[tuple[str, int]], limit: int, reserve: int = 64
     return [f for f in folders if f]
 
 
-def sha256_of(path: Path) -> str:
-    """Hex SHA-256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(MIB), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def pip_download(pins: Sequence[Pin], dest: Path) -> list[Path]:
     """Download each pinned wheel for cp312 (no dependencies), checking its file name and hash."""
     dest.mkdir(parents=True, exist_ok=True)
-    missing = [p for p in pins if not (dest / p.filename).exists() or sha256_of(dest / p.filename) != p.sha256]
+    missing = [p for p in pins if not (dest / p.filename).exists() or sha256_file(dest / p.filename) != p.sha256]
     if missing:
         cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
                "--only-binary=:all:", "--python-version", PYTHON_VERSION, "--implementation", "cp",
@@ -196,7 +189,7 @@ def pip_download(pins: Sequence[Pin], dest: Path) -> list[Path]:
         path = dest / pin.filename
         if not path.exists():
             raise BundleError(f"pip did not fetch {pin.filename}; check the lock's file name for {pin.name}")
-        if sha256_of(path) != pin.sha256:
+        if sha256_file(path) != pin.sha256:
             raise BundleError(f"{pin.filename}: sha256 differs from the lock (a re-released file?)")
         out.append(path)
     return out
@@ -285,7 +278,7 @@ def split_into_folders(archives: Sequence[Path], out: Path, limit: int) -> list[
     plan = plan_folders(groups, limit)
     by_group = {a.name.split(".")[0]: a for a in archives}
     manifest = {
-        "groups": {g: {"size": s, "sha256": sha256_of(by_group[g]),
+        "groups": {g: {"size": s, "sha256": sha256_file(by_group[g]),
                        "chunks": sum(1 for f in plan for c in f if c.group == g)} for g, s in groups},
         "order": [g for g, _ in groups],
         "folders": len(plan),

@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from build_scripts.gpu_bundle import MANIFEST, sha256_of
+from build_scripts.build_stub import sha256_file
+from build_scripts.gpu_bundle import MANIFEST
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGING = ROOT / ".bundle" / "staging"
@@ -85,7 +86,7 @@ def receive(folders: Sequence[Path], staging: Path = STAGING) -> list[str]:
             for c in chunks:
                 with open(c, "rb") as src:
                     shutil.copyfileobj(src, out, 8 * 2**20)
-        if sha256_of(archive) != meta["sha256"]:
+        if sha256_file(archive) != meta["sha256"]:
             archive.unlink()
             raise RuntimeError(f"group {group}: sha256 differs from the manifest; copy its folders again")
         with tarfile.open(archive, "r:xz") as tar:
