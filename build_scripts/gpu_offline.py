@@ -132,6 +132,7 @@ def make_venv(base_python: str, venv: Path = VENV) -> Path:
                                check=True, capture_output=True, text=True).stdout.strip())
     site.mkdir(parents=True, exist_ok=True)
     (site / "zz_base_site.pth").write_text(base_site + "\n")
+    (site / "hybrid_llm.pth").write_text(f"{ROOT}\n")  # the stubs import hybrid_llm from the checkout
     return site
 
 
@@ -219,7 +220,7 @@ def render_repo(overrides: Sequence[str]) -> Path:
 
 def make_server(repo: Path, ports: Sequence[int]) -> "TritonServer":  # noqa: F821
     """The TritonServer of the gpu-vllm profile (bundle runtime and venv, GPU metrics, serial loads)."""
-    from build_scripts.triton_server import TritonServer
+    from hybrid_llm.server import TritonServer
 
     return TritonServer(repo, LOG, *ports, runtime=RUNTIME, venv=VENV, device="cuda",
                         model_control="explicit", load_models=("*",),

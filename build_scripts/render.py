@@ -6,8 +6,9 @@ then from ``--set name=value`` overrides. Files named ``*.cpu.*`` / ``*.gpu.*`` 
 kept (without the infix) only for profiles of that template variant (a profile's
 ``templates`` key, default its name: gpu-vllm uses the cpu variant's stand-in files); a profile's ``exclude`` list drops
 files it does not use. Every model gets its version folder ``1/`` even when the
-profile keeps no file in it. The router's package ``hybrid_router`` is copied next to
-every Python model that imports it. A rendered repository has no unfilled
+profile keeps no file in it. The model.py files import the ``hybrid_llm`` package, which
+reaches the stubs through the venv (setup.sh's .pth file); nothing is copied into a
+model folder. A rendered repository has no unfilled
 placeholder: an unknown or missing name is an error that names the file.
 
 Usage: python -m build_scripts.render --profile cpu --out build/repository [--set key=value ...]
@@ -28,7 +29,6 @@ TEMPLATES = ROOT / "model_repository"
 PROFILES = ROOT / "build_scripts" / "profiles"
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 TEXT_SUFFIXES = {".pbtxt", ".json", ".txt", ".yaml", ".yml"}
-PACKAGE = Path("router_bls/1/hybrid_router")
 PROFILE_NAMES = ("cpu", "gpu", "gpu-vllm")
 # Template variants (the infix of ``*.cpu.*`` / ``*.gpu.*`` files). A profile picks one with
 # its ``templates`` key (default: its own name): gpu-vllm runs the Python stand-in for trtllm,
@@ -145,12 +145,6 @@ def render(profile: str, out: Path, overrides: Mapping[str, str] | None = None,
     # track an empty folder, so make it here.
     for config in staging.glob("*/config.pbtxt"):
         (config.parent / "1").mkdir(exist_ok=True)
-    # Python models other than the router import the shared package from their version dir.
-    package_src = TEMPLATES / PACKAGE
-    for model_py in staging.glob("*/1/model.py"):
-        target = model_py.parent / "hybrid_router"
-        if not target.exists():
-            shutil.copytree(package_src, target, ignore=shutil.ignore_patterns("__pycache__"))
     if out.exists():
         shutil.rmtree(out)
     staging.rename(out)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from build_scripts.render import parse_overrides, render
-from build_scripts.triton_server import ROOT, TritonServer
+from hybrid_llm.server import ROOT, TritonServer
 
 
 def main(argv: list[str] | None = None) -> int:

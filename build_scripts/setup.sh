@@ -47,6 +47,9 @@ fi
 
 # 2. tritonserver 2.51.0 from the nvidia-pytriton wheel: binary, python backend, 3.11 stub.
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+# The product's package reaches every process of this venv (the Triton stubs, which ignore
+# PYTHONPATH, included) through one .pth file naming the repository root.
+echo "$ROOT" > "$SITE/hybrid_llm.pth"
 SRC="$SITE/pytriton/tritonserver"
 want="$(sha "$SRC/bin/tritonserver" "$SRC/python_backend_stubs/3.11/triton_python_backend_stub")"
 if [ "$(cat "$RUNTIME/tritonserver/.sha" 2>/dev/null || true)" != "$want" ]; then

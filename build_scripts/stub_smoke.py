@@ -17,7 +17,7 @@ Usage:
       [--stub PATH]            # test this stub instead of the runtime's (placed in the repository)
       [--expect-numpy 2.]      # fail unless the stub saw a numpy version starting so
 
-Standard library and build_scripts.triton_server only (the models use numpy inside the stub). Exit 0 when everything
+Standard library and hybrid_llm.server only (the models use numpy inside the stub). Exit 0 when everything
 matched; 1 with a message naming each difference.
 """
 
@@ -39,7 +39,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
-from build_scripts.triton_server import TritonServer
+from hybrid_llm.server import TritonServer
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER_ROOT = ROOT / ".runtime" / "tritonserver"

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from .packing import PRIORITY_NAMES, GenerationRequest, generate_payload, router_tensors, vllm_tensors
+from hybrid_llm.contracts import PRIORITY_NAMES, GenerationRequest, generate_payload, router_tensors, vllm_tensors
 from .stream import StreamResult, stream_grpc, stream_http
 
 

@@ -11,13 +11,10 @@ import argparse
 import random
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "model_repository" / "router_bls" / "1"))
-
-from hybrid_router.config import RouterConfig  # noqa: E402
-from hybrid_router.dispatch import Dispatcher  # noqa: E402
-from hybrid_router.policy import TRTLLM, VLLM, EngineStats, RequestFeatures, create_policy  # noqa: E402
+from hybrid_llm.router.config import RouterConfig
+from hybrid_llm.router.dispatch import Dispatcher
+from hybrid_llm.router.policy import TRTLLM, VLLM, EngineStats, RequestFeatures, create_policy
 
 
 def measure(queued: int, n: int, seed: int = 0) -> dict[str, float]:

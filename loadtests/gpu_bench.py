@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from client.packing import GenerationRequest
+from hybrid_llm.contracts import GenerationRequest
 from client.stream import StreamResult
 
 from .runner import (RequestRecord, format_table, percentile, run_closed_loop, run_open_loop, send,

@@ -76,9 +76,9 @@ def server_url(url: str | None, overrides: dict[str, str] | None = None, metrics
                server_pid: int | None = None) -> Iterator[tuple[str, Callable[[], list[int]] | None, str | None]]:
     """(gRPC URL, server-tree pids or None, metrics URL or None) of a running server, or of a fresh one (vllm_only)."""
     if url:
-        from build_scripts.triton_server import process_tree
+        from hybrid_llm.procs import descendants
 
-        tree = None if server_pid is None else (lambda: [server_pid, *process_tree(server_pid)])
+        tree = None if server_pid is None else (lambda: [server_pid, *descendants(server_pid)])
         yield url, tree, metrics_url
         return
     from tests.server_fixture import running_server
@@ -105,7 +105,7 @@ ATTRIBUTION = (
 
 def attribution_deltas(before: str, after: str, entry: str) -> dict[str, tuple[float, float]]:
     """(sum of seconds, count) per ATTRIBUTION stage between two scrapes, for one entry model."""
-    from hybrid_router.prom import parse_text, value  # on sys.path through stage_report
+    from hybrid_llm.prom import parse_text, value
 
     a, b = parse_text(after), parse_text(before)
     out: dict[str, tuple[float, float]] = {}

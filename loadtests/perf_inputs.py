@@ -1,6 +1,6 @@
 """perf_analyzer ``--input-data`` JSON for router_bls, vllm_backend and trtllm, from a workload mix.
 
-Tensors come from ``client.packing`` (via ``runner.pack``); this module only writes
+Tensors come from ``hybrid_llm.contracts`` (via ``runner.pack``); this module only writes
 them in perf_analyzer's format: ``{"data": [{name: {"content": [...], "shape": [...]}}]}``,
 one entry per request (perf_analyzer cycles through them). For models with
 ``max_batch_size > 0`` (router_bls, trtllm) the shape leaves out the batch

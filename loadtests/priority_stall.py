@@ -12,7 +12,7 @@ import argparse
 import statistics
 import sys
 
-from client.packing import GenerationRequest, router_tensors
+from hybrid_llm.contracts import GenerationRequest, router_tensors
 from client.stream import stream_grpc
 
 

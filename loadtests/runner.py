@@ -1,6 +1,6 @@
 """Thread-based load generation shared by the benchmark and the overhead tool (no Locust here).
 
-Every request goes through ``client.packing`` (the one packing helper) and
+Every request goes through ``hybrid_llm.contracts`` (the one packing helper) and
 ``client.stream.stream_grpc``; this module only picks the contract for a model,
 schedules requests (open loop: at fixed arrival offsets; closed loop: N streams
 back to back) and turns ``StreamResult`` objects into flat records and summaries.
@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from client.packing import GenerationRequest, router_tensors, trtllm_tensors, vllm_tensors
+from hybrid_llm.contracts import GenerationRequest, router_tensors, trtllm_tensors, vllm_tensors
 from client.stream import StreamResult, stream_grpc
 
 from .shapes import Arrival

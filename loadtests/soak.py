@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from client.packing import GenerationRequest, router_tensors
+from hybrid_llm.contracts import GenerationRequest, router_tensors
 from client.stream import stream_grpc
 from tests.server_fixture import metric_value, running_server, scrape
 

@@ -32,11 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-# The parser lives in the router's policy package (no Triton imports); reuse it, don't copy it.
-_POLICY = str(Path(__file__).resolve().parent.parent / "model_repository" / "router_bls" / "1")
-if _POLICY not in sys.path:
-    sys.path.insert(0, _POLICY)
-from hybrid_router.prom import Sample, find, parse_text  # noqa: E402
+from hybrid_llm.prom import Sample, find, parse_text
 
 PRIORITY_ORDER = {"urgent": 0, "high": 1, "normal": 2}
 

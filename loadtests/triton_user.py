@@ -1,7 +1,7 @@
 """A reusable Locust user that streams requests over Triton gRPC and reports them to Locust.
 
 Kept apart from any scenario (``locustfile.py`` is one). ``TritonStreamUser.stream``
-packs a ``GenerationRequest`` with ``client.packing`` for the target model's
+packs a ``GenerationRequest`` with ``hybrid_llm.contracts`` for the target model's
 contract, streams it with ``client.stream.stream_grpc`` and fires Locust's
 ``events.request`` twice:
 

@@ -2,7 +2,7 @@
 
 A *mix* is a weighted set of request classes (prompt-length range in tokens, output
 length range, priority mix, optional latency SLA). ``WorkloadSampler`` draws
-``GenerationRequest`` objects (``client.packing``) from a mix with a seeded RNG, so the
+``GenerationRequest`` objects (``hybrid_llm.contracts``) from a mix with a seeded RNG, so the
 same seed gives the same requests in every run and every configuration.
 
 Prompt lengths are counted the way the router counts them: ``tokenizer.encode(text,
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
-from client.packing import HIGH, NORMAL, PRIORITY_NAMES, URGENT, GenerationRequest
+from hybrid_llm.contracts import HIGH, NORMAL, PRIORITY_LABELS, PRIORITY_NAMES, URGENT, GenerationRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TOKENIZER = ROOT / "models" / "tiny-llama"
@@ -121,7 +121,7 @@ class WorkloadMix:
         lines = []
         for c in self.classes:
             prio_total = sum(c.priority_mix.values())
-            prio = ", ".join(f"{_PRIORITY_LABELS[p]} {w / prio_total:.0%}" for p, w in sorted(c.priority_mix.items()))
+            prio = ", ".join(f"{PRIORITY_LABELS[p]} {w / prio_total:.0%}" for p, w in sorted(c.priority_mix.items()))
             sla = f"SLA {c.latency_sla_ms:g} ms" if c.latency_sla_ms is not None else "no SLA"
             lines.append(f"{c.name}: {c.weight / total:.0%} of requests, prompt {c.prompt_tokens.low}-"
                          f"{c.prompt_tokens.high} tokens, output {c.max_tokens.low}-{c.max_tokens.high} "
@@ -129,7 +129,6 @@ class WorkloadMix:
         return "\n".join(lines)
 
 
-_PRIORITY_LABELS = {URGENT: "urgent", HIGH: "high", NORMAL: "normal"}
 
 SHORT_SLA_MS = 120.0
 

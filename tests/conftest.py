@@ -1,4 +1,4 @@
-"""Shared test setup: import paths (repo root, the router's policy package)."""
+"""Shared test setup: the repository root on the import path (``hybrid_llm``, ``client``, ...)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,5 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT, ROOT / "model_repository" / "router_bls" / "1"):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Mapping, Sequence
 
 from build_scripts.render import render
-from build_scripts.triton_server import ROOT, TritonServer, free_ports
+from hybrid_llm.server import ROOT, TritonServer, free_ports
 from client.stream import StreamResult
 
 BUILD = ROOT / "build" / "tests"
@@ -96,7 +96,7 @@ FAST_BREAKER = {"router_breaker_window_s": "8", "router_breaker_burst_window_s":
 
 def short_request(server: TritonServer, i: int = 0, max_tokens: int = 24) -> StreamResult:
     """One short interactive request through router_bls (routed to vllm_backend when healthy)."""
-    from client.packing import GenerationRequest, router_tensors
+    from hybrid_llm.contracts import GenerationRequest, router_tensors
     from client.stream import stream_grpc
 
     req = GenerationRequest(f"request number {i} says hello", max_tokens=max_tokens, temperature=0.0,

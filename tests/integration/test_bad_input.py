@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from client.packing import GenerationRequest, generate_payload, router_tensors
+from hybrid_llm.contracts import GenerationRequest, generate_payload, router_tensors
 from client.stream import stream_grpc, stream_http
 from tests.server_fixture import running_server
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from client.packing import GenerationRequest, router_tensors
+from hybrid_llm.contracts import GenerationRequest, router_tensors
 from client.stream import stream_grpc
-from hybrid_router.orphan_guard import shm_paths
+from hybrid_llm.procs import shm_paths
 from tests.server_fixture import FAST_BREAKER, metric_value, running_server, scrape, wait_for
 from tests.server_fixture import breaker_state as breaker
 from tests.server_fixture import short_request as short
@@ -97,7 +97,7 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     wait_for(lambda: metric_value(scrape(server), "router_breaker_opened_total", engine="vllm_backend") >= 1,
              5, "the vllm_backend breaker to open")
     # The dead engine answers UNAVAILABLE quickly, never hangs.
-    from client.packing import vllm_tensors
+    from hybrid_llm.contracts import vllm_tensors
     direct = stream_grpc(server.grpc_url, "vllm_backend", vllm_tensors(GenerationRequest("x", max_tokens=2)), timeout_s=30)
     assert direct.error_code == "UNAVAILABLE", direct.error
     assert "restarted" in direct.error, direct.error

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from client.packing import GenerationRequest, trtllm_tensors, vllm_stop_tensors, vllm_tensors
+from hybrid_llm.contracts import GenerationRequest, trtllm_tensors, vllm_stop_tensors, vllm_tensors
 from client.stream import stream_grpc
 from tests.server_fixture import SERVER_NICE, metric_value, running_server, scrape, wait_for
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client.packing import GenerationRequest, router_tensors
+from hybrid_llm.contracts import GenerationRequest, router_tensors
 from client.stream import StreamResult, stream_grpc
 from tests.server_fixture import metric_value, running_server, scrape, wait_for
 

@@ -9,7 +9,7 @@ from typing import Callable
 
 import pytest
 
-from client.packing import GenerationRequest, generate_payload, router_tensors
+from hybrid_llm.contracts import GenerationRequest, generate_payload, router_tensors
 from client.stream import StreamResult, stream_grpc, stream_http
 from tests.server_fixture import metric_value, running_server, scrape, wait_for
 

@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterator
 import pytest
 import yaml
 
-from build_scripts.triton_server import free_ports
-from client.packing import GenerationRequest, router_tensors
+from hybrid_llm.server import free_ports
+from hybrid_llm.contracts import GenerationRequest, router_tensors
 from client.stream import StreamResult, stream_grpc
 from loadtests import stage_report
 from tests.server_fixture import BUILD, running_server, scrape

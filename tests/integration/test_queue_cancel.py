@@ -23,7 +23,7 @@ from typing import Callable
 
 import pytest
 
-from client.packing import URGENT, GenerationRequest, router_tensors, vllm_tensors
+from hybrid_llm.contracts import URGENT, GenerationRequest, router_tensors, vllm_tensors
 from client.stream import StreamResult, stream_grpc
 from tests.server_fixture import metric_value, running_server, scrape, wait_for
 

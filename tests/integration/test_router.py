@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from client.packing import GenerationRequest, generate_payload, router_tensors, trtllm_tensors
+from hybrid_llm.contracts import GenerationRequest, generate_payload, router_tensors, trtllm_tensors
 from client.stream import stream_grpc, stream_http
 from tests.server_fixture import metric_value, running_server, scrape
 

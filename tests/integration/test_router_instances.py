@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from client.packing import GenerationRequest, router_tensors
+from hybrid_llm.contracts import GenerationRequest, router_tensors
 from client.stream import stream_grpc
 from tests.server_fixture import metric_value, running_server, scrape, wait_for
 

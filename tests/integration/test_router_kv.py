@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from client.packing import GenerationRequest, router_tensors, vllm_tensors
+from hybrid_llm.contracts import GenerationRequest, router_tensors, vllm_tensors
 from client.stream import StreamResult, stream_grpc
 from tests.server_fixture import metric_value, running_server, scrape
 

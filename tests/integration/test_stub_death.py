@@ -15,9 +15,9 @@ import urllib.request
 
 import pytest
 
-from client.packing import GenerationRequest, trtllm_tensors
+from hybrid_llm.contracts import GenerationRequest, trtllm_tensors
 from client.stream import stream_grpc
-from hybrid_router.orphan_guard import shm_paths
+from hybrid_llm.procs import shm_paths
 from tests.server_fixture import running_server, wait_for
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from build_scripts.triton_server import ROOT
+from hybrid_llm.server import ROOT
 from tests.server_fixture import running_server
 
 pytestmark = pytest.mark.integration

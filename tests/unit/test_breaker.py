@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hybrid_router.breaker import BreakerState, CircuitBreaker
-from hybrid_router.config import RouterConfig
+from hybrid_llm.router.breaker import BreakerState, CircuitBreaker
+from hybrid_llm.router.config import RouterConfig
 
 
 class Clock:

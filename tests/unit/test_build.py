@@ -40,7 +40,8 @@ def test_render_cpu_fills_every_placeholder(tmp_path):
             assert not PLACEHOLDER.search(path.read_text()), path
     assert (out / "trtllm" / "config.pbtxt").exists()
     assert not list(out.rglob("*.cpu.*")) and not list(out.rglob("*.gpu.*"))
-    assert (out / "vllm_backend" / "1" / "hybrid_router" / "contracts.py").exists()
+    assert (out / "vllm_backend" / "1" / "model.py").exists()
+    assert not list(out.rglob("hybrid_llm")), "the package reaches the stubs through the venv, not copies"
     json.loads((out / "vllm_backend" / "1" / "model.json").read_text())
 
 

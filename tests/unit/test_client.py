@@ -8,8 +8,8 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from build_scripts.triton_server import free_ports
-from client.packing import GenerationRequest, router_tensors
+from hybrid_llm.server import free_ports
+from hybrid_llm.contracts import GenerationRequest, router_tensors
 from client.stream import stream_grpc, stream_http
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_router.config import RouterConfig, config_from_parameters
+from hybrid_llm.router.config import RouterConfig, config_from_parameters
 
 
 class RecordingWriter:
@@ -69,7 +69,7 @@ def test_bad_values_name_the_parameter(params, needle):
 
 
 def test_bucket_bounds_are_parameters_and_reach_the_histograms():
-    from hybrid_router.metrics import RouterMetrics
+    from hybrid_llm.router.metrics import RouterMetrics
 
     cfg = config_from_parameters({"latency_buckets_s": "0.05, 0.5, 5", "tpot_buckets_s": "0.01,0.1",
                                   "queue_buckets_s": "0.001"})
@@ -94,7 +94,7 @@ def test_config_is_frozen():
 
 
 def test_router_instances_split_capacity_queue_and_cancel_checks():
-    from hybrid_router.config import instance_share
+    from hybrid_llm.router.config import instance_share
 
     cfg = config_from_parameters({"trtllm_capacity": "32", "vllm_capacity": "65", "max_queue": "1024",
                                   "cancel_checks_per_s": "200"})
@@ -114,13 +114,13 @@ def test_router_instances_split_capacity_queue_and_cancel_checks():
     ("", [], (0, 1)),
 ])
 def test_instance_index_and_count_come_from_triton(name, groups, expected):
-    from hybrid_router.config import instance_of
+    from hybrid_llm.router.config import instance_of
 
     assert instance_of(name, {"instance_group": groups}) == expected
 
 
 def test_instance_errors_say_what_to_change():
-    from hybrid_router.config import instance_of
+    from hybrid_llm.router.config import instance_of
 
     with pytest.raises(ValueError, match="one instance_group"):
         instance_of("router_bls_1_0", {"instance_group": [{"count": 1}, {"count": 1}]})
@@ -129,7 +129,7 @@ def test_instance_errors_say_what_to_change():
 
 
 def test_every_series_of_a_router_instance_carries_its_index():
-    from hybrid_router.metrics import RouterMetrics
+    from hybrid_llm.router.metrics import RouterMetrics
 
     for instance, expected in ((None, {"model": "router_bls"}), ("1", {"model": "router_bls", "instance": "1"})):
         w = RecordingWriter()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_router.config import RouterConfig
-from hybrid_router.dispatch import HIGH, NORMAL, URGENT, Dispatcher, dispatch_batch_size
-from hybrid_router.policy import TRTLLM, VLLM
+from hybrid_llm.router.config import RouterConfig
+from hybrid_llm.router.dispatch import HIGH, NORMAL, URGENT, Dispatcher, dispatch_batch_size
+from hybrid_llm.router.policy import TRTLLM, VLLM
 
 CFG = RouterConfig()
 

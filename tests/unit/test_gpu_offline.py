@@ -12,9 +12,9 @@ import pytest
 
 from build_scripts import gpu_bundle, gpu_offline
 from build_scripts.gpu_bundle import BundleError, Chunk, plan_folders, read_lock, repack_wheel, wheel_installable
-from hybrid_router.config import RouterConfig
-from hybrid_router.contracts import InvalidInput
-from hybrid_router.requests import requested_policy
+from hybrid_llm.router.config import RouterConfig
+from hybrid_llm.contracts.spec import InvalidInput
+from hybrid_llm.router.job import requested_policy
 from loadtests import gpu_bench
 
 MIB = 2**20
@@ -276,7 +276,7 @@ def test_openai_stream_client_times_chunks_and_reads_usage():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        from client.packing import GenerationRequest
+        from hybrid_llm.contracts import GenerationRequest
 
         url = f"http://127.0.0.1:{server.server_address[1]}"
         result = gpu_bench.stream_openai(url, "m", GenerationRequest(prompt="hi", max_tokens=2))

@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 
-from hybrid_router.holding import DelayedRelease
+from hybrid_llm.triton.holding import DelayedRelease
 
 
 class Stream:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from client.packing import HIGH, NORMAL, URGENT, GenerationRequest
+from hybrid_llm.contracts import HIGH, NORMAL, URGENT, GenerationRequest
 from loadtests.perf_inputs import input_data, tensors_to_entry
 from loadtests.runner import RequestRecord, contract_for, pack, percentile, summarize
 from loadtests.shapes import (

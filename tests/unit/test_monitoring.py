@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybrid_router.engine_metrics import TrtllmMetricsSink, VllmMetricsSink
-from hybrid_router.metrics import FAMILIES as ROUTER_FAMILIES
+from hybrid_llm.engine.stats import TrtllmMetricsSink, VllmMetricsSink
+from hybrid_llm.router.metrics import FAMILIES as ROUTER_FAMILIES
 from loadtests import stage_report
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ import subprocess
 import sys
 import time
 
-from hybrid_router import orphan_guard as og
+from hybrid_llm.engine import orphan_guard as og
+from hybrid_llm import procs
 
 
 def _sleeper() -> subprocess.Popen:
@@ -24,7 +25,7 @@ def _gone(proc: subprocess.Popen, timeout: float = 10.0) -> bool:
 def _guard_process(owner: subprocess.Popen, target: subprocess.Popen,
                    server: subprocess.Popen | None = None) -> subprocess.Popen:
     """Launch orphan_guard.py as a process, the way ``start_guard`` does."""
-    args = [sys.executable, og.__file__, f"{owner.pid}:{og.start_time(owner.pid)}",
+    args = [sys.executable, "-m", "hybrid_llm.engine.orphan_guard", f"{owner.pid}:{og.start_time(owner.pid)}",
             f"{target.pid}:{og.start_time(target.pid)}"]
     if server is not None:
         args += ["--server", f"{server.pid}:{og.start_time(server.pid)}"]
@@ -116,9 +117,9 @@ def test_tree_includes_descendants() -> None:
                                "import subprocess,sys,time; subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)']); time.sleep(60)"])
     try:
         deadline = time.monotonic() + 10
-        while not og.children_of(parent.pid) and time.monotonic() < deadline:
+        while not procs.children_of(parent.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        kids = og.children_of(parent.pid)
+        kids = procs.children_of(parent.pid)
         assert len(kids) == 1
         assert set(og.tree([parent.pid])) == {parent.pid, kids[0]}
         assert og.guard((parent.pid, og.start_time(parent.pid)), []) == 0  # nothing to guard
@@ -205,7 +206,7 @@ def test_queues_an_engine_maps_after_the_guard_started_are_removed_too() -> None
 _STUB = """
 import subprocess, sys, time
 sys.path.insert(0, {pkg!r})
-from hybrid_router import orphan_guard as og
+from hybrid_llm.engine import orphan_guard as og
 sleep = [sys.executable, '-c', 'import time; time.sleep(120)']
 engine, helper = subprocess.Popen(sleep), subprocess.Popen(sleep)
 g = og.start_guard([engine.pid])
@@ -218,7 +219,7 @@ def test_a_crashed_server_takes_its_stub_and_everything_the_stub_started() -> No
     import os
     from pathlib import Path
 
-    pkg = str(Path(og.__file__).resolve().parents[1])
+    pkg = str(Path(og.__file__).resolve().parents[2])
     stub_code = _STUB.format(pkg=pkg)
     server_code = ("import subprocess,sys,time; p=subprocess.Popen([sys.executable,'-c',%r]); "
                    "print(p.pid, flush=True); time.sleep(120)") % stub_code

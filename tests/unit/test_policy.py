@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_router.config import RouterConfig
-from hybrid_router.policy import (
+from hybrid_llm.router.config import RouterConfig
+from hybrid_llm.router.policy import (
     TRTLLM, VLLM, EngineStats, HybridPolicy, RequestFeatures, RoundRobinPolicy, create_policy,
     engine_weight,
 )

@@ -23,7 +23,7 @@ from tritonclient.grpc import model_config_pb2
 
 from build_scripts import build_trtllm_engine
 from build_scripts.render import PLACEHOLDER, ROOT, load_profile, render
-from hybrid_router.requests import TRTLLM_OUTPUTS, TRTLLM_REQUEST_TENSORS, VLLM_OUTPUTS, VLLM_REQUEST_TENSORS
+from hybrid_llm.contracts import trtllm, vllm
 
 PROFILES = ("cpu", "gpu", "gpu-vllm")
 MODELS = {"router_bls", "trtllm", "vllm_backend"}
@@ -84,9 +84,9 @@ def test_every_config_parses_with_no_placeholder(repos, profile):
 def test_router_to_trtllm_tensors_match(repos, profile):
     config = config_of(repos[profile], "trtllm")
     inputs, outputs = dtypes(config.input), dtypes(config.output)
-    for name, dtype in TRTLLM_REQUEST_TENSORS.items():
+    for name, dtype in trtllm.REQUEST_TENSORS.items():
         assert inputs.get(name) == dtype, f"{profile} trtllm input {name}: {inputs.get(name)} != {dtype}"
-    for name in TRTLLM_OUTPUTS:
+    for name in trtllm.OUTPUTS:
         assert outputs.get(name) == "TYPE_INT32", f"{profile} trtllm output {name}"
     assert config.max_batch_size > 0
 
@@ -95,9 +95,9 @@ def test_router_to_trtllm_tensors_match(repos, profile):
 def test_router_to_vllm_tensors_match(repos, profile):
     config = config_of(repos[profile], "vllm_backend")
     inputs, outputs = dtypes(config.input), dtypes(config.output)
-    for name, dtype in VLLM_REQUEST_TENSORS.items():
+    for name, dtype in vllm.REQUEST_TENSORS.items():
         assert inputs.get(name) == dtype, f"{profile} vllm_backend input {name}: {inputs.get(name)} != {dtype}"
-    assert set(VLLM_OUTPUTS) <= set(outputs)
+    assert set(vllm.OUTPUTS) <= set(outputs)
 
 
 def test_gpu_profile_copies_every_cpu_value():
@@ -144,7 +144,7 @@ def test_router_capacities_follow_the_engines(repos, profile):
 
 
 def test_model_json_keys_are_vllm_engine_args(repos):
-    from hybrid_router.engine_host import engine_arg_names
+    from hybrid_llm.engine.host import engine_arg_names
 
     fields = engine_arg_names()  # the installed vLLM's AsyncEngineArgs (slow import, ~15 s)
     checked = 0
@@ -238,7 +238,7 @@ def test_dockerfile_passes_hadolint():
 
 
 def test_engine_args_name_the_keys_this_vllm_does_not_have():
-    from hybrid_router.engine_host import engine_args_for
+    from hybrid_llm.engine.host import engine_args_for
 
     @dataclasses.dataclass
     class Args:
@@ -251,7 +251,7 @@ def test_engine_args_name_the_keys_this_vllm_does_not_have():
 
 
 def test_rendered_stream_interval_is_accepted_by_the_installed_vllm(repos):
-    from hybrid_router.engine_host import engine_args_for
+    from hybrid_llm.engine.host import engine_args_for
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     for profile in PROFILES:

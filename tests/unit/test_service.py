@@ -8,9 +8,10 @@ import time
 import numpy as np
 import pytest
 
-from hybrid_router.config import RouterConfig
-from hybrid_router.requests import RouterJob
-from hybrid_router.service import EngineError, RouterService
+from hybrid_llm.router.config import RouterConfig
+from hybrid_llm.router.job import RouterJob
+from hybrid_llm.router.relay import EngineError
+from hybrid_llm.router.service import RouterService
 
 
 class FakeTokenizer:
@@ -74,6 +75,8 @@ class FakeTransport:
 
 
 def job(tokens=10, sla=50.0, **kw):
+    kw = {"exclude_input_in_output": False, "return_num_input_tokens": False,
+          "return_num_output_tokens": False, **kw}
     return RouterJob(prompt="p" * tokens, prompt_ids=list(range(tokens)), max_tokens=8, stream=True,
                      priority=3, latency_sla_ms=sla, **kw)
 
@@ -189,23 +192,23 @@ def test_all_streams_together_check_at_most_cancel_checks_per_s(cap, expected_s)
     svc = service(t, policy="vllm_only", vllm_capacity=64, cancel_check_ms=50, cancel_checks_per_s=cap)
     senders = [f"s{i}" for i in range(40)]
     try:
-        assert svc.cancel_interval_s() == pytest.approx(0.05)
+        assert svc.relay.cancel_interval_s() == pytest.approx(0.05)
         assert all(svc.admit(job(10, 50.0), s) for s in senders)
         deadline = time.monotonic() + 5
         while len(t.started) < 40 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(t.started) == 40
-        assert svc.cancel_interval_s() == pytest.approx(expected_s)
+        assert svc.relay.cancel_interval_s() == pytest.approx(expected_s)
         gate.set()
         wait_done(t, senders)
-        assert svc.cancel_interval_s() == pytest.approx(0.05)
+        assert svc.relay.cancel_interval_s() == pytest.approx(0.05)
     finally:
         gate.set()
         svc.stop()
 
 
 def test_cancel_check_reads_a_callable_interval_at_each_check():
-    from hybrid_router.contracts import CancelCheck
+    from hybrid_llm.contracts.spec import CancelCheck
 
     calls, interval = [], [0.0]
     check = CancelCheck(lambda: calls.append(1) or False, lambda: interval[0])
@@ -304,19 +307,19 @@ def test_an_engine_that_reports_itself_down_gets_no_traffic():
     t = FakeTransport()
     svc = service(t)
     try:
-        svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\nhybrid_engine_ready{model="trtllm"} 1\n')
-        svc.refresh_health()
+        svc.health.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\nhybrid_engine_ready{model="trtllm"} 1\n')
+        svc.health.refresh_health()
         assert not svc.engines["vllm_backend"].ready and svc.engines["trtllm"].ready
         svc.admit(job(10, 50.0), "down")
         wait_done(t, ["down"])
         assert t.sent["down"]["backend"] == "trtllm"
-        svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 1\n')
-        svc.refresh_health()
+        svc.health.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 1\n')
+        svc.health.refresh_health()
         svc.admit(job(10, 50.0), "up")
         wait_done(t, ["up"])
         assert t.sent["up"]["backend"] == "vllm_backend"
-        svc.apply_metrics("")  # gauge absent (engine model not yet serving): readiness decides
-        svc.refresh_health()
+        svc.health.apply_metrics("")  # gauge absent (engine model not yet serving): readiness decides
+        svc.health.refresh_health()
         assert svc.engines["vllm_backend"].ready
     finally:
         svc.stop()
@@ -351,7 +354,7 @@ def test_requests_with_nothing_sent_move_to_the_other_engine_when_theirs_dies():
     try:
         svc.admit(job(10, 50.0), "moved")
         assert t.reached.wait(5)
-        svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n')
+        svc.health.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n')
         wait_done(t, ["moved"])
         assert "moved" not in t.errors
         assert t.sent["moved"] == {"text": "abcdef", "final": True, "backend": "trtllm"}
@@ -372,8 +375,8 @@ def test_a_request_already_failed_over_is_not_moved_again():
     try:
         svc.admit(job(10, 50.0), "once")
         assert t.reached.wait(5)
-        svc._live[next(iter(svc._live))].failed_over = True  # as if it were already a failover
-        svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n')
+        svc.relay._live[next(iter(svc.relay._live))].failed_over = True  # as if it were already a failover
+        svc.health.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n')
         wait_done(t, ["once"])
         code, message = t.errors["once"]
         assert code == "UNAVAILABLE" and "died before the first token" in message
@@ -393,7 +396,7 @@ def test_a_failing_attempt_and_end_streams_on_never_both_take_a_request():
         try:
             svc.admit(job(10, 50.0), "r")
             assert t.reached.wait(5)
-            p = next(iter(svc._live.values()))
+            p = next(iter(svc.relay._live.values()))
             if first == "attempt":
                 assert svc._claim_failover(p, "vllm_backend")  # as the failed attempt does
                 assert svc.end_streams_on("vllm_backend") == 0
@@ -416,7 +419,7 @@ def test_streams_on_an_engine_that_reports_itself_dead_are_ended_once():
         svc.admit(job(10, 50.0), "cut")
         assert t.reached.wait(5)
         assert svc.dispatcher.in_flight["vllm_backend"] == 1
-        svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n')
+        svc.health.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n')
         wait_done(t, ["cut"])
         code, message = t.errors["cut"]
         assert code == "UNAVAILABLE" and "died after 2 characters were streamed" in message
@@ -426,7 +429,7 @@ def test_streams_on_an_engine_that_reports_itself_dead_are_ended_once():
         time.sleep(0.2)
         assert t.sent["cut"]["text"] == "ab" and not t.sent["cut"]["final"]
         assert svc.dispatcher.in_flight["vllm_backend"] == 0  # and the slot is not freed twice
-        assert svc.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n') is None
+        assert svc.health.apply_metrics('hybrid_engine_ready{model="vllm_backend"} 0\n') is None
         assert svc.end_streams_on("vllm_backend") == 0  # nothing left to end
     finally:
         t.release.set()

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_router import prom
-from hybrid_router.detok import IncrementalDetokenizer
-from hybrid_router.requests import find_stop
-from hybrid_router.service import _stop_holdback
-from hybrid_router.tokens import PROBES, prompt_encoder
+from hybrid_llm import prom
+from hybrid_llm.router.detok import IncrementalDetokenizer
+from hybrid_llm.router.job import find_stop
+from hybrid_llm.router.relay import _stop_holdback
+from hybrid_llm.router.tokens import PROBES, prompt_encoder
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-llama"
 
@@ -67,7 +67,7 @@ def test_stop_word_helpers():
 
 # ---------------------------------------------------------------- merging streamed deltas
 def test_delta_merger_sends_the_first_delta_at_once_then_every_n_tokens_then_the_rest():
-    from hybrid_router.chunking import DeltaMerger
+    from hybrid_llm.engine.chunking import DeltaMerger
 
     m = DeltaMerger(4)
     deltas = [("A", 1)] + [(c, 1) for c in "bcdefghij"]  # 10 tokens, one per delta
@@ -81,7 +81,7 @@ def test_delta_merger_sends_the_first_delta_at_once_then_every_n_tokens_then_the
 
 
 def test_delta_merger_waits_for_a_real_first_token_and_flushes_on_finish():
-    from hybrid_router.chunking import DeltaMerger
+    from hybrid_llm.engine.chunking import DeltaMerger
 
     m = DeltaMerger(3)
     assert m.push("", 0, finished=False) == ("", 0)  # nothing generated yet: still "first"

@@ -192,7 +192,8 @@ class EngineHost:
             return AsyncLLM.from_engine_args(args, stat_loggers=[factory])
 
         self.engine = self.submit(build()).result(timeout=timeout_s)
-        from .orphan_guard import children_of, shm_paths, start_guard
+        from hybrid_llm.engine.orphan_guard import start_guard
+        from hybrid_llm.procs import children_of, shm_paths
 
         cores = [pid for pid in children_of(os.getpid()) if _cmdline(pid).startswith("VLLM::")]
         # vLLM removes its shared-memory queues only on a clean shutdown; remember them so
@@ -232,7 +233,7 @@ class EngineHost:
             self._guard.kill()
             self._guard.wait(timeout=5)
             self._guard = None
-        from .orphan_guard import unlink_all
+        from hybrid_llm.procs import unlink_all
 
         unlink_all(self._shm)
 

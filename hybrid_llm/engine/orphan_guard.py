@@ -20,75 +20,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (None when it does not exist)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def alive(pid: int, started: int) -> bool:
-    """True while the process ``pid`` that started at ``started`` still exists (not a zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields[0] != "Z" and int(fields[19]) == started
-
-
-def children_of(pid: int) -> list[int]:
-    """Direct children of ``pid``."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def tree(pids: list[int]) -> list[int]:
-    """``pids`` and all their descendants."""
-    out, todo = [], list(pids)
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children_of(pid))
-    return out
-
-
-def shm_paths(pids: list[int]) -> list[str]:
-    """Files under /dev/shm mapped by ``pids`` and their descendants (vLLM's queues, semaphores)."""
-    paths: set[str] = set()
-    for pid in tree(pids):
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        for line in maps.splitlines():
-            path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-            if path.startswith("/dev/shm/") and not path.endswith(" (deleted)"):
-                paths.add(path)
-    return sorted(paths)
-
-
-def unlink_all(paths: list[str]) -> int:
-    """Remove the files that still exist; returns how many were removed."""
-    removed = 0
-    for path in paths:
-        try:
-            os.unlink(path)
-            removed += 1
-        except OSError:
-            pass
-    return removed
+from hybrid_llm.procs import alive, shm_paths, start_time, tree, unlink_all
 
 
 def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: float = 1.0,
@@ -139,11 +72,12 @@ def start_guard(targets: list[int], python: str = sys.executable,
     owner = start_time(os.getpid())
     if not pairs or owner is None:
         return None
-    args = [python, os.path.abspath(__file__), f"{os.getpid()}:{owner}"] + [f"{p}:{s}" for p, s in pairs]
+    args = [python, "-m", "hybrid_llm.engine.orphan_guard", f"{os.getpid()}:{owner}"] + [f"{p}:{s}" for p, s in pairs]
     parent = os.getppid()
     if watch_parent and parent > 1 and (parent_start := start_time(parent)) is not None:
         args += ["--server", f"{parent}:{parent_start}"]
-    return subprocess.Popen(args, stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds hybrid_llm/
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True, cwd=root)
 
 
 def _pid_start(arg: str) -> tuple[int, int]:
@@ -152,7 +86,7 @@ def _pid_start(arg: str) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> int:
-    """``orphan_guard.py OWNER_PID:START TARGET_PID:START ... [--server PID:START]``"""
+    """``python -m hybrid_llm.engine.orphan_guard OWNER_PID:START TARGET_PID:START ... [--server PID:START]``"""
     server = None
     if "--server" in argv:
         i = argv.index("--server")

@@ -13,7 +13,7 @@ import itertools
 import threading
 from dataclasses import dataclass
 
-from .config import RouterConfig
+from hybrid_llm.router.config import RouterConfig
 
 TRTLLM, VLLM = "trtllm", "vllm_backend"
 ENGINE_KEYS = (TRTLLM, VLLM)

@@ -1,8 +1,9 @@
-"""Tensor contracts of the router and the two engines, as data (no Triton imports).
+"""What the three wire contracts share (no Triton imports): tensor specs and their one
+parser, numpy packing helpers, priority classes, and the cancellation constants.
 
-One declarative spec per model and one generic parser: every model in the
-repository reads its inputs through ``parse_inputs``, so dtype, shape and
-presence checks (and their error messages) are the same everywhere.
+Every model in the repository reads its inputs through ``parse_inputs``, so dtype,
+shape and presence checks (and their error messages) are the same everywhere; every
+packer (client, router, engines) builds its arrays with ``text_array``/``scalar_array``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+
+# Priority classes: the router's queues, the request tensor ``priority`` and the vLLM
+# engine's priority all use these numbers (lower is served first).
+URGENT, HIGH, NORMAL = 1, 2, 3
+PRIORITY_NAMES: dict[str, int] = {"urgent": URGENT, "high": HIGH, "normal": NORMAL}
+PRIORITY_LABELS: dict[int, str] = {v: k for k, v in PRIORITY_NAMES.items()}
 
 # Exported by each engine model (both contracts): 1 while its engine serves, 0 while it is
 # dead or restarting. Triton's own readiness stays READY while the stub lives.
@@ -66,6 +73,14 @@ class TensorSpec:
             "uint": "UINT64",
             "float": "FP32",
         }[self.kind]
+
+
+# Inputs the router and the vLLM contracts share by name and meaning (the text interface).
+TEXT_INPUT = TensorSpec("text_input", "text", required=True)
+STREAM = TensorSpec("stream", "bool")
+EXCLUDE_INPUT = TensorSpec("exclude_input_in_output", "bool")
+RETURN_COUNTS = (TensorSpec("return_num_input_tokens", "bool"), TensorSpec("return_num_output_tokens", "bool"))
+PRIORITY = TensorSpec("priority", "int")
 
 
 _NP_KINDS = {
@@ -133,91 +148,32 @@ def parse_inputs(raw: Mapping[str, np.ndarray], specs: Sequence[TensorSpec]) -> 
     return out
 
 
-# --- router_bls: TensorRT-LLM BLS compatible, plus priority / latency_sla_ms ------------
-ROUTER_INPUTS: tuple[TensorSpec, ...] = (
-    TensorSpec("text_input", "text", required=True),
-    TensorSpec("max_tokens", "int"),
-    TensorSpec("stream", "bool"),
-    TensorSpec("temperature", "float"),
-    TensorSpec("top_p", "float"),
-    TensorSpec("top_k", "int"),
-    TensorSpec("seed", "uint"),
-    TensorSpec("stop_words", "text_list"),
-    TensorSpec("exclude_input_in_output", "bool"),
-    TensorSpec("return_num_input_tokens", "bool"),
-    TensorSpec("return_num_output_tokens", "bool"),
-    TensorSpec("priority", "int"),
-    TensorSpec("latency_sla_ms", "float"),
-)
-
-# --- vllm_backend: the official vLLM backend's inputs, plus priority and stop ----------
-VLLM_INPUTS: tuple[TensorSpec, ...] = (
-    TensorSpec("text_input", "text", required=True),
-    TensorSpec("stream", "bool"),
-    TensorSpec("sampling_parameters", "text"),
-    TensorSpec("exclude_input_in_output", "bool"),
-    TensorSpec("return_finish_reason", "bool"),
-    TensorSpec("return_num_input_tokens", "bool"),
-    TensorSpec("return_num_output_tokens", "bool"),
-    TensorSpec("priority", "int"),
-    TensorSpec("stop", "bool"),
-)
-
-# --- trtllm: the tensorrtllm backend's inputs the stand-in implements ------------------
-TRTLLM_INPUTS: tuple[TensorSpec, ...] = (
-    TensorSpec("input_ids", "int_list", required=True),
-    TensorSpec("input_lengths", "int", required=True),
-    TensorSpec("request_output_len", "int", required=True),
-    TensorSpec("end_id", "int"),
-    TensorSpec("pad_id", "int"),
-    TensorSpec("stop_words_list", "int_list"),
-    TensorSpec("bad_words_list", "int_list"),
-    TensorSpec("beam_width", "int"),
-    TensorSpec("temperature", "float"),
-    TensorSpec("runtime_top_k", "int"),
-    TensorSpec("runtime_top_p", "float"),
-    TensorSpec("repetition_penalty", "float"),
-    TensorSpec("presence_penalty", "float"),
-    TensorSpec("frequency_penalty", "float"),
-    TensorSpec("min_tokens", "int"),
-    TensorSpec("seed", "uint"),
-    TensorSpec("streaming", "bool"),
-    TensorSpec("stop", "bool"),
-    TensorSpec("exclude_input_in_output", "bool"),
-    TensorSpec("return_perf_metrics", "bool"),
-    TensorSpec("return_log_probs", "bool"),
-    TensorSpec("return_context_logits", "bool"),
-    TensorSpec("return_generation_logits", "bool"),
-)
+_DTYPES = {
+    np.dtype(np.object_): "BYTES",
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.int32): "INT32",
+    np.dtype(np.int64): "INT64",
+    np.dtype(np.uint32): "UINT32",
+    np.dtype(np.uint64): "UINT64",
+    np.dtype(np.float32): "FP32",
+}
 
 
-def decode_stop_words_list(flat: Sequence[int]) -> list[list[int]]:
-    """Turn a tensorrtllm ``stop_words_list`` ([1, 2, L]: ids row, offsets row) into id lists."""
-    if len(flat) % 2:
-        raise InvalidInput("input 'stop_words_list' must have shape [1, 2, L] (ids row, offsets row)")
-    width = len(flat) // 2
-    ids, offsets = list(flat[:width]), list(flat[width:])
-    words: list[list[int]] = []
-    start = 0
-    for end in offsets:
-        if end < 0:
-            break
-        if end < start or end > width:
-            raise InvalidInput("input 'stop_words_list' has offsets out of order or out of range")
-        if end > start:
-            words.append(ids[start:end])
-        start = end
-    return words
+def triton_dtype(array: np.ndarray) -> str:
+    """The Triton dtype name of a numpy array."""
+    try:
+        return _DTYPES[array.dtype]
+    except KeyError:
+        raise ValueError(f"no Triton dtype for numpy {array.dtype}") from None
 
 
-def encode_stop_words_list(words: Sequence[Sequence[int]]) -> np.ndarray:
-    """Build a tensorrtllm ``stop_words_list`` tensor [1, 2, L] from id lists."""
-    ids: list[int] = []
-    offsets: list[int] = []
-    for word in words:
-        ids.extend(int(t) for t in word)
-        offsets.append(len(ids))
-    width = max(len(ids), 1)
-    ids_row = ids + [0] * (width - len(ids))
-    off_row = offsets + [-1] * (width - len(offsets))
-    return np.array([[ids_row, off_row]], dtype=np.int32)
+def text_array(values: Sequence[str], batch: bool = True) -> np.ndarray:
+    """UTF-8 BYTES tensor of ``values``: [1, n] for a batch-of-one contract, else [n]."""
+    arr = np.array([v.encode("utf-8") for v in values], dtype=np.object_)
+    return arr.reshape(1, -1) if batch else arr
+
+
+def scalar_array(value: Any, dtype: Any, batch: bool = True) -> np.ndarray:
+    """One value as a tensor: [1, 1] for a batch-of-one contract, else [1]."""
+    arr = np.array([value], dtype=dtype)
+    return arr.reshape(1, 1) if batch else arr

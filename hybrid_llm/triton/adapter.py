@@ -1,7 +1,7 @@
-"""The one module that touches ``triton_python_backend_utils`` (pb_utils).
+"""The one module that imports ``triton_python_backend_utils`` (pb_utils).
 
-Everything else in ``hybrid_router`` is plain Python; the three ``model.py`` files
-use these helpers for tensors, responses, errors, metrics and BLS calls.
+Everything outside ``hybrid_llm/triton/`` is plain Python; the model classes here use
+these helpers for tensors, responses, errors, metrics and BLS calls.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from .contracts import InvalidInput, TensorSpec, parse_inputs
-from .holding import DelayedRelease
+from hybrid_llm.contracts.spec import InvalidInput, TensorSpec, parse_inputs
+from hybrid_llm.triton.holding import DelayedRelease
 
 
 

@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .config import RouterConfig
-from .policy import ENGINE_KEYS
+from hybrid_llm.contracts.spec import HIGH, NORMAL, URGENT
+from hybrid_llm.router.config import RouterConfig
+from hybrid_llm.router.policy import ENGINE_KEYS
 
-URGENT, HIGH, NORMAL = 1, 2, 3
 CLASSES = (URGENT, HIGH, NORMAL)
 
 

@@ -1,4 +1,5 @@
-"""Sampling-parameter validation shared by the engines and the router (no Triton imports)."""
+"""The sampling fields both engine contracts carry (vllm_backend's ``sampling_parameters`` JSON, trtllm's
+sampling tensors): their names, types and ranges, checked once (no Triton imports)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from .contracts import InvalidInput
+from hybrid_llm.contracts.spec import InvalidInput
 
 # vllm_backend's ``sampling_parameters`` keys and their types. Strings are accepted for
 # numbers and booleans because the official backend's clients often send them that way.

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from hybrid_llm.procs import alive, descendants, parent_of, shm_paths
+
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = ROOT / ".runtime" / "tritonserver"
 VENV = ROOT / ".venv"
@@ -197,7 +199,7 @@ class TritonServer:
 
     def descendants(self) -> list[int]:
         """PIDs of every process below the server (stubs, engine cores, workers)."""
-        return [] if self.proc is None else process_tree(self.proc.pid)
+        return [] if self.proc is None else descendants(self.proc.pid)
 
     def rss_bytes(self) -> int:
         """Resident memory of the server and every process below it."""
@@ -244,8 +246,7 @@ class TritonServer:
         cores = []
         for pid in self.descendants():
             try:
-                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                if ppid in stubs and "EngineCor" in Path(f"/proc/{pid}/comm").read_text():
+                if parent_of(pid) in stubs and "EngineCor" in Path(f"/proc/{pid}/comm").read_text():
                     cores.append(pid)
             except (OSError, ValueError, IndexError):
                 continue
@@ -260,7 +261,7 @@ class TritonServer:
         if self.proc is None:
             return
         self._known_pids |= set(self.descendants())
-        mapped = _shm_files(self._known_pids)  # vLLM's queues too: a killed engine leaves them
+        mapped = shm_paths(list(self._known_pids))  # vLLM's queues too: a killed engine leaves them
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -268,7 +269,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-        self.orphan_pids = [p for p in self._known_pids if _alive(p)]
+        self.orphan_pids = [p for p in self._known_pids if alive(p)]
         self.leftover_pids = _kill_pids(self.orphan_pids)
         for region in {*self.shm_regions(), *map(Path, mapped)}:  # the server maps its own regions too
             try:
@@ -289,25 +290,6 @@ class TritonServer:
         self.stop()
 
 
-def process_tree(root: int) -> list[int]:
-    """PIDs of every live process below ``root`` (Linux ``/proc``)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        pid = int(stat.parent.name)
-        ppid = int(text.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(pid)
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def _prepare_child(nice: int = 0) -> None:
     """In the child: get SIGTERM when the launching process dies (no orphaned servers), and
     add ``nice`` to its niceness."""
@@ -321,17 +303,9 @@ def _prepare_child(nice: int = 0) -> None:
         os.nice(nice)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def _kill_pids(pids: Iterable[int], wait_s: float = 5.0) -> list[int]:
     """SIGKILL processes that are still alive (only PIDs we recorded as ours); return survivors."""
-    pids = [p for p in pids if _alive(p)]
+    pids = [p for p in pids if alive(p)]
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -339,18 +313,6 @@ def _kill_pids(pids: Iterable[int], wait_s: float = 5.0) -> list[int]:
             continue
     deadline = time.monotonic() + wait_s
     while pids and time.monotonic() < deadline:
-        pids = [p for p in pids if _alive(p)]
+        pids = [p for p in pids if alive(p)]
         time.sleep(0.05)
     return pids
-
-
-def _shm_files(pids: Iterable[int]) -> list[str]:
-    """/dev/shm files mapped by ``pids`` and their children (the orphan guard's reader)."""
-    import sys
-
-    package_root = str(ROOT / "model_repository" / "router_bls" / "1")
-    if package_root not in sys.path:
-        sys.path.append(package_root)
-    from hybrid_router.orphan_guard import shm_paths
-
-    return shm_paths(list(pids))

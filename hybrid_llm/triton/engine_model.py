@@ -15,9 +15,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from . import triton_adapter as ta
-from .contracts import CANCEL_VIA_STOP, ENGINE_READY, CancelCheck, InvalidInput
-from .engine_host import EngineHost, EngineStatsSink, configure_cpu_environment, use_cache_root, use_utf8_locale
+from hybrid_llm.triton import adapter as ta
+from hybrid_llm.contracts.spec import CANCEL_VIA_STOP, ENGINE_READY, CancelCheck, InvalidInput
+from hybrid_llm.engine.host import EngineHost, EngineStatsSink, configure_cpu_environment, use_cache_root, use_utf8_locale
 
 # Engine args that only mean something on GPU; dropped on the CPU platform.
 _GPU_ONLY_ARGS = ("gpu_memory_utilization",)

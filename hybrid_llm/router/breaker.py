@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable
 
-from .config import RouterConfig
+from hybrid_llm.router.config import RouterConfig
 
 
 class BreakerState(enum.IntEnum):

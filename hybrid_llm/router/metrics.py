@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .config import LATENCY_BUCKETS_S, QUEUE_BUCKETS_S, TPOT_BUCKETS_S
+from hybrid_llm.contracts.spec import PRIORITY_LABELS
+from hybrid_llm.router.config import LATENCY_BUCKETS_S, QUEUE_BUCKETS_S, TPOT_BUCKETS_S
 
-PRIORITY_LABELS = {1: "urgent", 2: "high", 3: "normal"}
 DEFAULT_LATENCY_BUCKETS = LATENCY_BUCKETS_S
 DEFAULT_TPOT_BUCKETS = TPOT_BUCKETS_S
 DEFAULT_QUEUE_BUCKETS = QUEUE_BUCKETS_S

@@ -1,0 +1,118 @@
+"""The vllm_backend contract: Triton's vLLM backend (text in, text out, a JSON
+``sampling_parameters``), plus ``priority`` and a ``stop`` request (no Triton imports).
+
+``pack`` builds a request from a ``GenerationRequest`` (client and router alike),
+``unpack`` validates one on the model side into a ``VllmRequest``, ``pack_response``
+is the model's answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from hybrid_llm.contracts.router import GenerationRequest
+from hybrid_llm.contracts.sampling import sampling_kwargs_from_json
+from hybrid_llm.contracts.spec import (EXCLUDE_INPUT, NORMAL, PRIORITY, RETURN_COUNTS, STREAM, TEXT_INPUT, InvalidInput,
+                                       TensorSpec, scalar_array, text_array)
+
+INPUTS: tuple[TensorSpec, ...] = (
+    TEXT_INPUT,
+    STREAM,
+    TensorSpec("sampling_parameters", "text"),
+    EXCLUDE_INPUT,
+    TensorSpec("return_finish_reason", "bool"),
+    *RETURN_COUNTS,
+    PRIORITY,
+    TensorSpec("stop", "bool"),
+)
+OUTPUTS: tuple[str, ...] = ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens")
+# Every tensor the router may send, with its Triton dtype (checked against the rendered
+# configs of every profile in tests/unit/test_profiles.py).
+REQUEST_TENSORS: dict[str, str] = {
+    "text_input": "TYPE_STRING", "stream": "TYPE_BOOL", "sampling_parameters": "TYPE_STRING",
+    "exclude_input_in_output": "TYPE_BOOL", "return_num_input_tokens": "TYPE_BOOL",
+    "return_num_output_tokens": "TYPE_BOOL", "return_finish_reason": "TYPE_BOOL",
+    "priority": "TYPE_INT32", "stop": "TYPE_BOOL",
+}
+# GenerationRequest fields that go into ``sampling_parameters`` when set (max_tokens always).
+SAMPLING_KEYS: tuple[str, ...] = ("temperature", "top_p", "top_k", "seed")
+
+
+def pack(req: GenerationRequest, return_finish_reason: bool = True) -> dict[str, np.ndarray]:
+    """Tensors for ``vllm_backend`` (shape [1]); the stop words go to vLLM as ``stop``."""
+    sampling: dict[str, Any] = {"max_tokens": req.max_tokens}
+    for key in SAMPLING_KEYS:
+        value = getattr(req, key)
+        if value is not None:
+            sampling[key] = value
+    if req.stop_words:
+        sampling["stop"] = list(req.stop_words)
+    t = {
+        "text_input": text_array([req.prompt], batch=False),
+        "stream": scalar_array(req.stream, np.bool_, batch=False),
+        "sampling_parameters": text_array([json.dumps(sampling)], batch=False),
+        "exclude_input_in_output": scalar_array(req.exclude_input_in_output, np.bool_, batch=False),
+        "priority": scalar_array(req.priority, np.int32, batch=False),
+    }
+    if return_finish_reason:
+        t["return_finish_reason"] = scalar_array(True, np.bool_, batch=False)
+    for name in ("return_num_input_tokens", "return_num_output_tokens"):
+        if getattr(req, name):
+            t[name] = scalar_array(True, np.bool_, batch=False)
+    return t
+
+
+def stop_tensors() -> dict[str, np.ndarray]:
+    """A ``stop`` request: aborts the in-flight request with the same request id."""
+    return {"text_input": text_array(["stop"], batch=False), "stop": scalar_array(True, np.bool_, batch=False)}
+
+
+@dataclass
+class VllmRequest:
+    """One validated vllm_backend request (model side)."""
+
+    prompt: str
+    sampling: dict[str, Any]
+    stream: bool
+    exclude_input: bool
+    return_finish_reason: bool
+    return_num_input_tokens: bool
+    return_num_output_tokens: bool
+    priority: int
+    stop: bool
+
+
+def unpack(v: Mapping[str, Any]) -> VllmRequest:
+    """Validate parsed ``INPUTS`` values (``parse_inputs``) into a request, or raise InvalidInput."""
+    priority = NORMAL if v["priority"] is None else v["priority"]
+    if v["stop"]:
+        return VllmRequest("", {}, False, False, False, False, False, priority, True)
+    if not v["text_input"]:
+        raise InvalidInput("input 'text_input' is empty; send the prompt text")
+    return VllmRequest(
+        prompt=v["text_input"],
+        sampling=sampling_kwargs_from_json(v["sampling_parameters"] or "{}"),
+        stream=bool(v["stream"]),
+        exclude_input=bool(v["exclude_input_in_output"]),
+        return_finish_reason=bool(v["return_finish_reason"]),
+        return_num_input_tokens=bool(v["return_num_input_tokens"]),
+        return_num_output_tokens=bool(v["return_num_output_tokens"]),
+        priority=priority,
+        stop=False,
+    )
+
+
+def pack_response(req: VllmRequest, text: str, finish: Any, n_in: int, n_out: int) -> dict[str, np.ndarray]:
+    """One vllm_backend response: the text and the outputs ``req`` asked for (shape [1])."""
+    outputs = {"text_output": text_array([text], batch=False)}
+    if req.return_finish_reason:
+        outputs["finish_reason"] = text_array([str(finish or "")], batch=False)
+    if req.return_num_input_tokens:
+        outputs["num_input_tokens"] = scalar_array(n_in, np.uint32, batch=False)
+    if req.return_num_output_tokens:
+        outputs["num_output_tokens"] = scalar_array(n_out, np.uint32, batch=False)
+    return outputs

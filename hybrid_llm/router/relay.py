@@ -1,0 +1,305 @@
+"""One attempt of a request on one engine: the BLS stream loop, detokenizing, stop words,
+cancel checks, and the responses to the client (no Triton imports: the Triton side is a
+``Transport``, injected by ``hybrid_llm.triton.router_model``; unit tests inject fakes)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from hybrid_llm.contracts import router as router_contract
+from hybrid_llm.contracts import trtllm, vllm
+from hybrid_llm.contracts.spec import CancelCheck
+from hybrid_llm.router.config import RouterConfig
+from hybrid_llm.router.detok import IncrementalDetokenizer
+from hybrid_llm.router.health import Health
+from hybrid_llm.router.job import RouterJob, engine_request, find_stop
+from hybrid_llm.router.policy import TRTLLM, Decision
+
+
+class EngineError(RuntimeError):
+    """An engine answered with an error (code: a Triton error code name)."""
+
+    def __init__(self, message: str, code: str = "INTERNAL") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Transport(Protocol):
+    """What the router needs from Triton."""
+
+    def stream(self, model: str, inputs: Mapping[str, np.ndarray], request_id: str,
+               outputs: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
+        """Yield each engine response's outputs; raise EngineError on an error response."""
+
+    def send(self, sender: Any, outputs: Mapping[str, np.ndarray] | None, final: bool) -> None:
+        """Send a response to the client (outputs None: only the FINAL flag)."""
+
+    def send_error(self, sender: Any, message: str, code: str) -> None:
+        """End the client's stream with an error."""
+
+    def is_cancelled(self, sender: Any) -> bool:
+        """Has the client cancelled or gone away?"""
+
+
+@dataclass
+class Pending:
+    """A dispatched or queued request and where its responses go."""
+
+    job: RouterJob
+    sender: Any
+    decision: Decision
+    arrived: float
+    # ``ended``: the stream got its FINAL (or error); later responses are dropped.
+    # ``current``: the engine whose attempt may still answer; an attempt that is no longer
+    # current (its engine died and the request moved on) is dropped the same way.
+    # ``released``: engines whose slot was already given back.
+    ended: bool = False
+    current: str | None = None
+    sent: bool = False  # something reached the client: failing over would duplicate it
+    failed_over: bool = False
+    released: set = field(default_factory=set)
+    emitted: int = 0
+    # When the current attempt last heard from its engine (its start, or a response), and
+    # the engines on which the quiet-attempt watcher stopped the request (client gone).
+    last_heard: float = 0.0
+    stopped_on: set = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def cancel_seen(self) -> bool:
+        """True once the watcher found the client gone (and stopped the engine request)."""
+        return bool(self.stopped_on)
+
+    def stale(self, engine: str) -> bool:
+        """True when an attempt on ``engine`` may no longer answer the client."""
+        return self.ended or self.current != engine
+
+
+class Relay:
+    """Streams attempts and answers clients; knows which attempts are streaming now."""
+
+    def __init__(self, cfg: RouterConfig, transport: Transport, tokenizer: Any, health: Health, metrics: Any,
+                 clock: Callable[[], float], log: Callable[[str], None], end_id: int) -> None:
+        self.cfg = cfg
+        self.transport = transport
+        self.tokenizer = tokenizer
+        self.health = health
+        self.metrics = metrics
+        self.clock = clock
+        self.log = log
+        self.end_id = end_id
+        self._live: dict[tuple[int, str], Pending] = {}  # (id(pending), engine) -> pending, streaming
+        self._live_lock = threading.Lock()
+
+    def live(self, engine: str | None = None) -> list[Pending]:
+        """The requests streaming now (on ``engine``, or on any)."""
+        with self._live_lock:
+            return [p for (_, e), p in self._live.items() if engine is None or e == engine]
+
+    def serve(self, p: Pending, engine: str, allow_failover: bool = True) -> str:
+        """Stream one attempt; returns 'done', 'cancelled', 'error', 'failover' or 'abandoned'."""
+        with p.lock:
+            if p.ended:
+                return "abandoned"
+            p.current = engine
+        try:
+            return self._attempt(p, engine, allow_failover)
+        finally:
+            with self._live_lock:
+                self._live.pop((id(p), engine), None)
+
+    def _attempt(self, p: Pending, engine: str, allow_failover: bool) -> str:
+        job, st = p.job, self.health.engines[engine]
+        model = self.cfg.model_name(engine)
+        if p.cancel_seen or self._left_while_queued(p):
+            self.metrics.cancelled(engine)
+            self.send(p, engine, None, final=True)
+            return "cancelled"
+        if not st.breaker.allow() or not st.ready:
+            return "failover" if allow_failover and self.health.other_up(engine) else self.fail(
+                p, engine, f"engine {model} is unavailable (circuit open or not ready)", "UNAVAILABLE")
+        request_id = attempt_id(job, engine)
+        inputs = engine_request(job, engine, self.end_id)
+        if engine == TRTLLM:
+            outputs, detok = trtllm.OUTPUTS, IncrementalDetokenizer(self.tokenizer)
+        else:
+            outputs, detok = vllm.OUTPUTS, None
+        t_start = self.clock()
+        full = ""  # text generated so far (after any stop-word cut)
+        emitted = 0  # characters already sent to the client
+        n_out = 0
+        first = None
+        stopped = False
+        interval, next_send = self.cfg.stream_interval_ms / 1000.0, 0.0
+        cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender), self.cancel_interval_s)
+        p.last_heard = self.clock()
+        with self._live_lock:
+            self._live[(id(p), engine)] = p
+        try:
+            for out in self.transport.stream(model, inputs, request_id, outputs):
+                if p.stale(engine):
+                    return "abandoned"  # the router ended it or moved it: the engine died
+                p.last_heard = self.clock()
+                if p.cancel_seen or cancelled():
+                    return self._cancelled(p, engine, model, request_id)
+                if detok is not None:
+                    ids = out["output_ids"].reshape(-1).tolist()
+                    n_out += len(ids)
+                    piece = detok.push(ids)
+                else:
+                    piece = b"".join(out["text_output"].reshape(-1).tolist()).decode("utf-8")
+                    if "num_output_tokens" in out:
+                        n_out += int(out["num_output_tokens"].reshape(-1)[0])
+                if not piece:
+                    continue
+                if first is None:
+                    first = self.clock()
+                    st.ttft.add((first - t_start) * 1000.0)
+                    self.metrics.ttft(engine, first - p.arrived)
+                full += piece
+                if job.stop_words:
+                    cut = find_stop(full, job.stop_words, max(emitted - max(map(len, job.stop_words)), 0))
+                    if cut != -1:
+                        full = full[:cut]
+                        self.stop_engine(engine, model, request_id)
+                        stopped = True
+                if job.stream:
+                    hold = 0 if stopped or not job.stop_words else _stop_holdback(full, job.stop_words)
+                    delta = full[emitted:len(full) - hold]
+                    # The first text goes at once (TTFT); later text at most every
+                    # stream_interval_ms (each response is an IPC round trip), the rest with FINAL.
+                    now = self.clock() if interval else 0.0
+                    if delta and (emitted == 0 or now >= next_send):
+                        if not self.send(p, engine, self._outputs(job, delta, engine, None), final=False):
+                            return "abandoned"
+                        emitted += len(delta)
+                        p.emitted = emitted
+                        next_send = now + interval
+                if stopped:
+                    break
+        except EngineError as exc:
+            if p.stale(engine):
+                return "abandoned"
+            if p.cancel_seen:  # the engine ended the request because the router stopped it
+                return self._cancelled(p, engine, model, request_id)
+            client_error = exc.code == "INVALID_ARG"
+            st.breaker.record(client_error)
+            if first is None and allow_failover and not client_error and self.health.other_up(engine):
+                return "failover"
+            where = "before the first token" if first is None else f"after {emitted} characters were streamed"
+            return self.fail(p, engine, f"engine {model} failed {where}: {exc}",
+                              "INVALID_ARG" if client_error else ("UNAVAILABLE" if first is None else "INTERNAL"))
+        if p.cancel_seen and not stopped:  # the engine ended the request because the router stopped it
+            return self._cancelled(p, engine, model, request_id)
+        if detok is not None and not stopped:
+            full += detok.flush()
+        t_end = self.clock()
+        st.breaker.record(True)
+        self.metrics.finished(engine, n_out, t_end - p.arrived,
+                              None if first is None or n_out < 2 else (t_end - first) / (n_out - 1))
+        if job.stream:
+            rest = full[emitted:]
+            sent = self.send(p, engine, self._outputs(job, rest, engine, n_out), final=True)
+        else:
+            text = full if job.exclude_input_in_output else job.prompt + full
+            sent = self.send(p, engine, self._outputs(job, text, engine, n_out), final=True)
+        return "done" if sent else "abandoned"
+
+    def cancel_interval_s(self) -> float:
+        """Seconds between two cancel checks of one stream: ``cancel_check_ms``, stretched so
+        that the streams in flight together check at most ``cancel_checks_per_s`` times a
+        second (each check is an IPC round trip, as costly as relaying a response)."""
+        base = self.cfg.cancel_check_ms / 1000.0
+        if self.cfg.cancel_checks_per_s <= 0:
+            return base
+        return max(base, len(self._live) / self.cfg.cancel_checks_per_s)
+
+    def _cancelled(self, p: Pending, engine: str, model: str, request_id: str) -> str:
+        """End an attempt whose client cancelled: stop the engine request (unless the watcher did)."""
+        if engine not in p.stopped_on:
+            self.stop_engine(engine, model, request_id)
+        self.metrics.cancelled(engine)
+        self.send(p, engine, None, final=True)
+        self.health.engines[engine].breaker.record(True)
+        return "cancelled"
+
+    def stop_quiet_cancelled(self, quiet_s: float, stopping: threading.Event,
+                             submit: Callable[..., Any]) -> None:
+        """One watcher round: stop the engine request of each quiet attempt whose client left."""
+        now = self.clock()
+        with self._live_lock:
+            quiet = [(e, p) for (_, e), p in self._live.items() if not p.cancel_seen and now - p.last_heard >= quiet_s]
+        for engine, p in quiet:
+            if p.stale(engine) or not self.transport.is_cancelled(p.sender):
+                continue
+            with p.lock:
+                if p.stale(engine) or p.cancel_seen:
+                    continue
+                p.stopped_on.add(engine)
+            if not stopping.is_set():
+                submit(self.stop_engine, engine, self.cfg.model_name(engine), attempt_id(p.job, engine))
+
+    def _left_while_queued(self, p: Pending) -> bool:
+        """True when the client cancelled while the request waited in the router queue.
+
+        Checked once before dispatch, and only for a request that waited at least
+        ``cancel_check_ms`` (each check is an IPC round trip): under overload, clients
+        that give up while queued must not cost the engine a prefill.
+        """
+        waited_ms = (self.clock() - p.arrived) * 1000.0
+        return waited_ms >= self.cfg.cancel_check_ms and self.transport.is_cancelled(p.sender)
+
+    def send(self, p: Pending, engine: str, outputs: Mapping[str, np.ndarray] | None, final: bool) -> bool:
+        """Send one response of the attempt on ``engine`` unless that attempt was taken off."""
+        with p.lock:
+            if p.stale(engine):
+                return False
+            self.transport.send(p.sender, outputs, final=final)
+            p.sent = True
+            if final:
+                p.ended = True
+            return True
+
+    def fail(self, p: Pending, engine: str, message: str, code: str, any_attempt: bool = False) -> str:
+        """End the stream with an error (only from its current attempt, unless ``any_attempt``)."""
+        with p.lock:
+            if p.ended or (not any_attempt and p.current != engine):
+                return "abandoned"
+            p.ended = True
+            self.metrics.errored(engine, code)  # counted even if the client is gone
+            self.transport.send_error(p.sender, message, code)
+        return "error"
+
+    def stop_engine(self, engine: str, model: str, request_id: str) -> None:
+        """Ask the engine to stop generating for a request (tensorrtllm ``stop`` semantics)."""
+        inputs = trtllm.stop_tensors() if engine == TRTLLM else vllm.stop_tensors()
+        try:
+            for _ in self.transport.stream(model, inputs, request_id, ()):
+                pass
+        except Exception as exc:  # noqa: BLE001 - the request may have finished already
+            self.log(f"stop of {request_id} on {model}: {exc!r}")
+
+    def _outputs(self, job: RouterJob, text: str, engine: str, n_out: int | None) -> dict[str, np.ndarray]:
+        return router_contract.pack_response(
+            text, engine, len(job.prompt_ids) if job.return_num_input_tokens else None,
+            n_out if job.return_num_output_tokens else None)
+
+
+def attempt_id(job: RouterJob, engine: str) -> str:
+    """The request id of a job's attempt on ``engine`` (what a ``stop`` request names)."""
+    return f"{job.request_id}-{engine}"
+
+
+def _stop_holdback(text: str, stop_words: Sequence[str]) -> int:
+    """Characters to hold back because they could be the start of a stop word."""
+    hold = 0
+    for word in stop_words:
+        for k in range(min(len(word) - 1, len(text)), 0, -1):
+            if text.endswith(word[:k]):
+                hold = max(hold, k)
+                break
+    return hold
