@@ -29,6 +29,11 @@ from pathlib import Path
 from typing import Iterator
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
+# A plain chat template (role tags, EOS after each turn), applied by the OpenAI frontend.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
 STAMP = "tiny_model.json"
 
@@ -46,6 +51,8 @@ class TinyModelSpec:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 4096
     corpus_files: int = 400
+    # 2: tokenizer_config.json names a class transformers 4.x and 5.x both load, and has a chat template
+    tokenizer_format: int = 2
 
 
 SIZES = {
@@ -97,6 +104,14 @@ def train_tokenizer(spec: TinyModelSpec, out: Path) -> None:
         clean_up_tokenization_spaces=False,
     )
     fast.save_pretrained(str(out))
+    # transformers 5 writes its own class name (TokenizersBackend), which transformers 4.x
+    # (what Triton's containers ship) does not have; PreTrainedTokenizerFast loads in both.
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("backend", None)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["chat_template"] = CHAT_TEMPLATE
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def write_weights(spec: TinyModelSpec, out: Path) -> None:

@@ -93,6 +93,18 @@ else
 fi
 
 # 4. The CPU profile's generated model (seeded; skipped when present with the same spec).
+TF4_LOCK="$ROOT/requirements/transformers4.txt"
+want="$(sha "$TF4_LOCK")"
+if [ "$(cat "$RUNTIME/transformers4/.lock-sha" 2>/dev/null || true)" != "$want" ]; then
+    say "installing transformers 4.x into $RUNTIME/transformers4 (the tokenizer compatibility check)"
+    rm -rf "$RUNTIME/transformers4"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q --no-deps \
+        --target "$RUNTIME/transformers4" -r "$TF4_LOCK"
+    echo "$want" > "$RUNTIME/transformers4/.lock-sha"
+else
+    say "transformers 4.x check environment up to date"
+fi
+
 "$VENV/bin/python" -m build_scripts.make_tiny_model --out "$ROOT/models/tiny-llama"
 
 # 5. Optional: Prometheus and promtool (Debian's package) for deploy/'s checks and the

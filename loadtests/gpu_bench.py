@@ -5,6 +5,7 @@ Run against a gpu-vllm server (``build_scripts/gpu_offline.py serve``) on one GP
     python -m loadtests.gpu_bench p1   --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics
     python -m loadtests.gpu_bench p2   --url 127.0.0.1:8001 --http-url 127.0.0.1:8000 --qps 60
     python -m loadtests.gpu_bench peer --openai-url http://127.0.0.1:8100    # plain `vllm serve`
+    python -m loadtests.gpu_bench frontend --openai-url http://127.0.0.1:9000 --model tiny-llama
     python -m loadtests.gpu_bench report --out loadtests/results/h200
 
 * **p1**, router overhead: the same fixed-shape streaming workload (closed loop, N
@@ -15,9 +16,13 @@ Run against a gpu-vllm server (``build_scripts/gpu_offline.py serve``) on one GP
   args) over its OpenAI completions endpoint, measured by this tool's own client.
 * **p2**, the policy's worth: the hybrid mix (short interactive requests with an SLA,
   >= 2048-token prompts, three priority classes; ``loadtests/workload.py``) as an open
-  loop at a fixed QPS, through router_bls under each routing policy in turn (router_bls is
-  reloaded with the policy, the engines stay up): short-request TTFT p99, SLA attainment,
-  goodput, urgent TTFT.
+  loop at a fixed QPS, through router_bls under each routing policy in turn (each request
+  names the policy in the ``routing_policy`` request parameter; the server runs with
+  ``policy_override``): short-request TTFT p99, SLA attainment, goodput, urgent TTFT.
+* **frontend**: the same streaming workload through the OpenAI frontend
+  (``/v1/completions``, SSE) and straight over gRPC to router_bls, rounds alternating:
+  throughput ratio and added TTFT (runs on the CPU profile too, as ``make serve`` starts
+  both; there the figures are contended by the engines).
 
 The load comes from ``--procs`` processes (threads inside each): one Python client
 process tops out near a few thousand streamed responses per second, below what a GPU
@@ -544,8 +549,10 @@ def gpu_line(figs: Sequence[dict[str, Any]]) -> str:
 
 def report(out: Path) -> str:
     """results.md from the suite's JSON files in ``out``."""
-    lines = ["# GPU benchmark results (one H200, gpu-vllm profile)", ""]
     p1 = _load(out / "p1.json")
+    fe = _load(out / "frontend.json")
+    title = "# GPU benchmark results (one H200, gpu-vllm profile)" if p1 or not fe else "# Frontend benchmark results"
+    lines = [title, ""]
     peer = _load(out / "peer.json")
     if p1:
         lines += ["## P1: router overhead (router_bls -> vllm_backend vs vllm_backend, gRPC streaming)", "",
@@ -573,6 +580,14 @@ def report(out: Path) -> str:
                   f"Load: Poisson {s.get('qps')} req/s for {s.get('duration')} s per round, {s.get('repeats')} rounds "
                   "per policy; the mix:", "", *[f"- {m}" for m in p2["mix"].splitlines()], "",
                   format_table(P2_HEADER, p2_rows(p2), markdown=True), ""]
+    if fe:
+        s = fe["settings"]
+        lines += ["## Frontend: OpenAI /v1/completions (SSE) vs gRPC straight to router_bls", "",
+                  f"Settings: {s.get('prompt_tokens')} prompt tokens, {s.get('output_tokens')} output tokens, "
+                  f"{s.get('duration')} s per round, {s.get('repeats')} rounds per target and level (order "
+                  f"alternating), {s.get('procs')} load processes. Medians, spread in brackets.", "",
+                  format_table(closed_loop_header("grpc", "frontend"), closed_loop_rows(fe, "grpc", "frontend"),
+                               markdown=True), "", f"Command: `{fe.get('command', '')}`", ""]
     text = "\n".join(lines)
     (out / "results.md").write_text(text)
     return text
@@ -618,6 +633,10 @@ def main(argv: list[str] | None = None) -> int:
     p2.add_argument("--policies", type=lambda s: s.split(","), default=["hybrid", "round_robin", "vllm_only",
                                                                          "trtllm_only"])
     p2.add_argument("--max-in-flight", type=int, default=512)
+    fe = sub.add_parser("frontend", parents=[common, loop], help="the OpenAI frontend vs gRPC to router_bls")
+    fe.add_argument("--url", default="127.0.0.1:8001")
+    fe.add_argument("--openai-url", default="http://127.0.0.1:9000")
+    fe.add_argument("--model", default="tiny-llama", help="the served model name")
     rep = sub.add_parser("report", help="results.md from the JSON files")
     rep.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -629,6 +648,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "p1":
         data = closed_loop_suite([Target("router", "triton", args.url, "router_bls", "router"),
                                   Target("direct", "triton", args.url, "vllm_backend", "vllm")], args)
+    elif args.cmd == "frontend":
+        data = closed_loop_suite([Target("grpc", "triton", args.url, "router_bls", "router"),
+                                  Target("frontend", "openai", args.openai_url, args.model)], args)
     elif args.cmd == "peer":
         data = closed_loop_suite([Target("vllm serve", "openai", args.openai_url, args.model)], args)
     else:

@@ -136,14 +136,24 @@ def genai_perf_available() -> bool:
 
 def genai_perf_command(url: str, model: str = "router_bls", out_dir: Path = RESULTS / "genai-perf",
                        concurrency: int = 1, input_tokens: int = 128, output_tokens: int = 64,
-                       num_prompts: int = 50, measurement_interval_ms: int = 10000) -> list[str]:
-    """The genai-perf command for router_bls through its TensorRT-LLM-compatible contract."""
+                       num_prompts: int = 50, measurement_interval_ms: int = 10000,
+                       endpoint_type: str = "kserve", request_count: int | None = None) -> list[str]:
+    """The genai-perf command: router_bls through its TensorRT-LLM-compatible contract over gRPC
+    (``kserve``), or the OpenAI frontend (``chat`` / ``completions``, ``url`` its http://host:port)."""
+    if endpoint_type == "kserve":
+        target = ["--endpoint-type", "kserve", "--backend", "tensorrtllm"]
+    elif endpoint_type in ("chat", "completions"):
+        target = ["--endpoint-type", endpoint_type]
+    else:
+        raise ValueError(f"endpoint_type must be kserve, chat or completions, not {endpoint_type!r}")
+    window = (["--request-count", str(request_count)] if request_count
+              else ["--measurement-interval", str(measurement_interval_ms)])
     return [
-        str(GP_BIN), "profile", "-m", model, "--endpoint-type", "kserve", "--backend", "tensorrtllm",
+        str(GP_BIN), "profile", "-m", model, *target,
         "--streaming", "-u", url, "--tokenizer", str(DEFAULT_TOKENIZER), "--concurrency", str(concurrency),
         "--synthetic-input-tokens-mean", str(input_tokens), "--synthetic-input-tokens-stddev", "0",
         "--output-tokens-mean", str(output_tokens), "--num-prompts", str(num_prompts),
-        "--measurement-interval", str(measurement_interval_ms), "--artifact-dir", str(out_dir),
+        *window, "--artifact-dir", str(out_dir),
     ]
 
 
@@ -165,7 +175,8 @@ def summarize_genai_perf(out_dir: Path) -> dict[str, Any]:
 
 def run_genai_perf(url: str, out_dir: Path, model: str = "router_bls", concurrency: int = 1,
                    input_tokens: int = 128, output_tokens: int = 64, num_prompts: int = 50,
-                   measurement_interval_ms: int = 10000, timeout_s: float = 900.0) -> tuple[int, dict[str, Any]]:
+                   measurement_interval_ms: int = 10000, timeout_s: float = 900.0, endpoint_type: str = "kserve",
+                   request_count: int | None = None) -> tuple[int, dict[str, Any]]:
     """Run genai-perf (the 2.51 perf_analyzer first on PATH); returns (exit code, summary)."""
     if not genai_perf_available():
         raise FileNotFoundError(f"{GP_BIN} is missing; run build_scripts/setup.sh")
@@ -173,7 +184,7 @@ def run_genai_perf(url: str, out_dir: Path, model: str = "router_bls", concurren
     env["PATH"] = f"{PA_BIN.parent}:{GP_BIN.parent}:{env.get('PATH', '')}"
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = genai_perf_command(url, model, out_dir / "artifacts", concurrency, input_tokens, output_tokens,
-                             num_prompts, measurement_interval_ms)
+                             num_prompts, measurement_interval_ms, endpoint_type, request_count)
     (out_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     with open(out_dir / "genai_perf.log", "w") as log:
         proc = subprocess.run(cmd, cwd=str(out_dir), env=env, stdout=log, stderr=subprocess.STDOUT,

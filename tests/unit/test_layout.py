@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("hybrid_llm", "client", "loadtests", "tests", "build_scripts", "model_repository")
+SOURCES = ("hybrid_llm", "client", "frontend", "loadtests", "tests", "build_scripts", "model_repository")
 
 
 def _module_of(path: Path) -> str:
@@ -80,7 +80,15 @@ def test_the_client_imports_only_the_contracts_of_the_product() -> None:
 
 def test_the_package_imports_no_tooling() -> None:
     bad = _violations(_files("hybrid_llm"), lambda m: any(_under(m, p) for p in
-                                                          ("client", "loadtests", "tests", "build_scripts")))
+                                                          ("client", "frontend", "loadtests", "tests", "build_scripts")))
+    assert not bad
+
+
+def test_the_frontend_talks_to_triton_only_through_the_client_and_the_contracts() -> None:
+    allowed = ("hybrid_llm.contracts", "hybrid_llm.server", "hybrid_llm.watchdog", "client", "frontend")
+    product = ("hybrid_llm", "loadtests", "tests", "build_scripts", "model_repository", "client")
+    bad = _violations(_files("frontend"), lambda m: any(_under(m, p) for p in product)
+                      and not any(_under(m, a) for a in allowed))
     assert not bad
 
 
