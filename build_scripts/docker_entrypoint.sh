@@ -30,4 +30,5 @@ exec tritonserver \
     --http-port=8000 --grpc-port=8001 --metrics-port=8002 \
     --allow-gpu-metrics=true \
     --grpc-infer-allocation-pool-size="${HYBRID_GRPC_POOL:-256}" \
+    --exit-timeout-secs="${HYBRID_EXIT_TIMEOUT_S:-3}" \
     "$@"

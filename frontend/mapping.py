@@ -29,8 +29,6 @@ _REFUSED: dict[str, Callable[[Any], bool]] = {
     "best_of": lambda v: v in (None, 1),
     "logit_bias": lambda v: not v,
     "suffix": lambda v: v in (None, ""),
-    "presence_penalty": lambda v: v in (None, 0, 0.0),
-    "frequency_penalty": lambda v: v in (None, 0, 0.0),
     "tools": lambda v: not v,
     "functions": lambda v: not v,
     "response_format": lambda v: v in (None, {}) or (isinstance(v, dict) and v.get("type") == "text"),
@@ -177,6 +175,8 @@ def _common(body: Any, headers: Mapping[str, str], defaults: Defaults, kind: str
         exclude_input_in_output=exclude_input,
         priority=_priority(body, headers),
         latency_sla_ms=_sla(body, headers),
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0),
     )
     return FrontendRequest(kind, model, gen, stream, include_usage, user if isinstance(user, str) else None)
 

@@ -9,6 +9,7 @@ shared-memory regions.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import signal
 import socket
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from hybrid_llm.procs import alive, descendants, parent_of, shm_paths
+from hybrid_llm.procs import alive, descendants, parent_of, shm_paths, start_time, unlink_all
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = ROOT / ".runtime" / "tritonserver"
@@ -33,6 +34,12 @@ SHM = Path("/dev/shm")
 # its default, streamed responses reached clients seconds late under a burst (40 streams:
 # refusals after up to 18 s; with 128: all within 0.55 s). Override with HYBRID_GRPC_POOL.
 GRPC_POOL = int(os.environ.get("HYBRID_GRPC_POOL", "256"))
+# Stopping: in-flight requests get EXIT_TIMEOUT_S (tritonserver --exit-timeout-secs), the
+# whole server STOP_GRACE_S after SIGTERM; then this server's own recorded processes are
+# SIGKILLed and its shared memory removed, so a stop takes < 10 s in every state (an
+# engine that just died made tritonserver 2.51 wait > 30 s for its model to unload).
+EXIT_TIMEOUT_S = 3
+STOP_GRACE_S = 7.0
 
 
 def free_ports(count: int) -> list[int]:
@@ -104,7 +111,11 @@ class TritonServer:
     env: dict[str, str] | None = None  # the server's whole environment; None: server_environment(...)
     proc: subprocess.Popen | None = None
     shm_prefix: str = field(default_factory=lambda: f"hybrid_{uuid.uuid4().hex[:10]}_")
-    _known_pids: set[int] = field(default_factory=set)
+    # Where this server records its processes and shared memory while it runs; a start
+    # that finds the record of an earlier run that did not stop cleanly (crash, SIGKILL)
+    # kills what is left of that run and removes its shared memory. None: no record.
+    state_path: Path | None = None
+    _known: dict[int, int] = field(default_factory=dict)  # pid -> start time: every process seen below it
     leftover_pids: list[int] = field(default_factory=list)
     orphan_pids: list[int] = field(default_factory=list)
 
@@ -149,6 +160,7 @@ class TritonServer:
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             f"--grpc-infer-allocation-pool-size={GRPC_POOL}",
             f"--model-control-mode={self.model_control}",
+            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
             "--log-verbose=0",
         ]
         for model in self.load_models:
@@ -157,17 +169,35 @@ class TritonServer:
         return cmd
 
     def start(self) -> "TritonServer":
-        """Launch the server (does not wait for readiness)."""
+        """Launch the server (does not wait for readiness), after cleaning up an earlier crashed run."""
+        if self.state_path is not None:
+            clean_stale_run(self.state_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT,
             env=self.env if self.env is not None else server_environment(venv=self.venv, runtime=self.runtime,
                                                                           device=self.device),
-            cwd=str(ROOT), start_new_session=True, preexec_fn=functools.partial(_prepare_child, self.nice),
+            cwd=str(ROOT), start_new_session=True, preexec_fn=functools.partial(prepare_child, self.nice),
         )
         log.close()
+        self.record_state()
         return self
+
+    def record_state(self) -> None:
+        """Write this run's processes (pid, start time) and shared-memory files to ``state_path``."""
+        if self.state_path is None or self.proc is None:
+            return
+        self._remember()
+        server = [[self.proc.pid, st]] if (st := start_time(self.proc.pid)) is not None else []
+        live = [pid for pid, st in self._known.items() if alive(pid, st)]
+        state = {"prefix": self.shm_prefix,
+                 "processes": server + [[pid, self._known[pid]] for pid in sorted(live)],
+                 "shm": sorted({*shm_paths([self.proc.pid, *live]), *map(str, self.shm_regions())})}
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.state_path)
 
     def is_ready(self) -> bool:
         """True when /v2/health/ready answers 200."""
@@ -184,9 +214,9 @@ class TritonServer:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.proc.returncode}:\n{self.log_tail()}")
             if self.is_ready():
-                self._known_pids |= set(self.descendants())
+                self._remember()
                 return
-            self._known_pids |= set(self.descendants())
+            self._remember()
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
 
@@ -196,6 +226,12 @@ class TritonServer:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def _remember(self) -> None:
+        """Add the processes below the server now to the ones seen (with their start times)."""
+        for pid in self.descendants():
+            if pid not in self._known and (st := start_time(pid)) is not None:
+                self._known[pid] = st
 
     def descendants(self) -> list[int]:
         """PIDs of every process below the server (stubs, engine cores, workers)."""
@@ -256,26 +292,32 @@ class TritonServer:
         """This server's Python-backend shared-memory regions."""
         return sorted(SHM.glob(f"{self.shm_prefix}*"))
 
-    def stop(self, grace_s: float = 60.0) -> None:
-        """SIGTERM, wait for a clean exit, then kill leftovers of this server only."""
+    def stop(self, grace_s: float = STOP_GRACE_S) -> float:
+        """SIGTERM; after ``grace_s`` SIGKILL this server's own recorded processes; remove its
+        shared memory. Returns the seconds it took."""
+        t0 = time.monotonic()
         if self.proc is None:
-            return
-        self._known_pids |= set(self.descendants())
-        mapped = shm_paths(list(self._known_pids))  # vLLM's queues too: a killed engine leaves them
+            return 0.0
+        self._remember()
+        mapped = shm_paths([pid for pid, st in self._known.items() if alive(pid, st)])  # vLLM's queues too: a killed engine leaves them
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
+                self._remember()
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-        self.orphan_pids = [p for p in self._known_pids if alive(p)]
+        self.orphan_pids = [pid for pid, st in self._known.items() if alive(pid, st)]
         self.leftover_pids = _kill_pids(self.orphan_pids)
         for region in {*self.shm_regions(), *map(Path, mapped)}:  # the server maps its own regions too
             try:
                 region.unlink()
             except OSError:
                 pass
+        if self.state_path is not None and not self.leftover_pids:
+            self.state_path.unlink(missing_ok=True)
+        return time.monotonic() - t0
 
     def __enter__(self) -> "TritonServer":
         self.start()
@@ -290,7 +332,7 @@ class TritonServer:
         self.stop()
 
 
-def _prepare_child(nice: int = 0) -> None:
+def prepare_child(nice: int = 0) -> None:
     """In the child: get SIGTERM when the launching process dies (no orphaned servers), and
     add ``nice`` to its niceness."""
     import ctypes
@@ -316,3 +358,24 @@ def _kill_pids(pids: Iterable[int], wait_s: float = 5.0) -> list[int]:
         pids = [p for p in pids if alive(p)]
         time.sleep(0.05)
     return pids
+
+
+def clean_stale_run(state_path: Path) -> tuple[int, int]:
+    """Kill what is left of the run recorded in ``state_path`` (its processes, by pid and start
+    time, so nothing else is touched) and remove its shared memory, unless that run is still
+    serving; returns (processes killed, files removed)."""
+    try:
+        state = json.loads(state_path.read_text())
+    except (OSError, ValueError):
+        return 0, 0
+    processes = [(int(pid), int(st)) for pid, st in state.get("processes", [])]
+    if processes and alive(*processes[0]):
+        raise RuntimeError(f"the server recorded in {state_path} (pid {processes[0][0]}) is still running; "
+                           "stop it first")
+    ours = [pid for pid, st in processes if alive(pid, st)]
+    _kill_pids(ours)
+    prefix = state.get("prefix", "")
+    files = [*state.get("shm", []), *(map(str, SHM.glob(f"{prefix}*")) if prefix else [])]
+    removed = unlink_all(sorted(set(files)))
+    state_path.unlink(missing_ok=True)
+    return len(ours), removed

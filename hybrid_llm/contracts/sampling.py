@@ -27,7 +27,11 @@ SAMPLING_KEYS: dict[str, type] = {
     "stop_token_ids": list,
     "n": int,
     "skip_special_tokens": bool,
+    "logprobs": int,
+    "bad_words": list,
 }
+MAX_N = 16  # completions per request (vllm_backend's sampling parameter n)
+MAX_LOGPROBS = 20
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
@@ -62,8 +66,19 @@ def validate_sampling(kw: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput("'top_p' must be in (0, 1]")
     if "top_k" in kw and kw["top_k"] < 0:
         raise InvalidInput("'top_k' must be >= 0 (0 disables top-k)")
-    if "n" in kw and kw["n"] != 1:
-        raise InvalidInput("'n' must be 1 (one sequence per request)")
+    if "n" in kw and not 1 <= kw["n"] <= MAX_N:
+        raise InvalidInput(f"'n' must be in 1..{MAX_N}")
+    if "repetition_penalty" in kw and kw["repetition_penalty"] <= 0:
+        raise InvalidInput("'repetition_penalty' must be > 0 (1 means none)")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if key in kw and not -2.0 <= kw[key] <= 2.0:
+            raise InvalidInput(f"'{key}' must be in [-2, 2] (0 means none)")
+    if "min_tokens" in kw and kw["min_tokens"] < 0:
+        raise InvalidInput("'min_tokens' must be >= 0")
+    if "min_tokens" in kw and "max_tokens" in kw and kw["min_tokens"] > kw["max_tokens"]:
+        raise InvalidInput("'min_tokens' must not exceed the maximum number of tokens")
+    if kw.get("logprobs") is not None and not 0 <= kw["logprobs"] <= MAX_LOGPROBS:
+        raise InvalidInput(f"'logprobs' must be in 0..{MAX_LOGPROBS}")
     return kw
 
 

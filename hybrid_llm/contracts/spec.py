@@ -57,9 +57,10 @@ class TensorSpec:
     """One input tensor: name, kind of values, and whether it is a single value."""
 
     name: str
-    kind: str  # "text", "bool", "int", "uint", "float", "text_list", "int_list"
+    kind: str  # "text", "bool", "int", "uint", "float", "text_list", "int_list", "refused"
     required: bool = False
     dtype_hint: str = ""  # the Triton dtype, for error messages
+    refusal: str = ""  # kind "refused": why the model cannot honour this input (its INVALID_ARG message)
 
     @property
     def triton_dtype(self) -> str:
@@ -72,6 +73,7 @@ class TensorSpec:
             "int_list": "INT32",
             "uint": "UINT64",
             "float": "FP32",
+            "refused": "any",
         }[self.kind]
 
 
@@ -107,6 +109,8 @@ def _decode_text(name: str, value: Any) -> str:
 
 def parse_tensor(spec: TensorSpec, array: np.ndarray) -> Any:
     """Convert one request tensor (batch of one) into a Python value, or raise InvalidInput."""
+    if spec.kind == "refused":
+        raise InvalidInput(f"input '{spec.name}' is not supported ({spec.refusal}); leave it out")
     if array.dtype.kind not in _NP_KINDS[spec.kind]:
         raise InvalidInput(
             f"input '{spec.name}' has dtype {array.dtype}; send {spec.triton_dtype}"

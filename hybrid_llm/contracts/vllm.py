@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -25,21 +25,29 @@ INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("sampling_parameters", "text"),
     EXCLUDE_INPUT,
     TensorSpec("return_finish_reason", "bool"),
+    TensorSpec("return_cumulative_logprob", "bool"),
+    TensorSpec("return_logprobs", "bool"),
     *RETURN_COUNTS,
     PRIORITY,
     TensorSpec("stop", "bool"),
 )
-OUTPUTS: tuple[str, ...] = ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens")
+OUTPUTS: tuple[str, ...] = ("text_output", "finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens",
+                            "num_output_tokens")
+# Upstream's answer to a stream that asks for the prompt in its output (vllm_backend's
+# utils/request.py; its CI asserts the message).
+STREAM_WITH_INPUT = "When streaming, `exclude_input_in_output` = False is not allowed."
 # Every tensor the router may send, with its Triton dtype (checked against the rendered
 # configs of every profile in tests/unit/test_profiles.py).
 REQUEST_TENSORS: dict[str, str] = {
     "text_input": "TYPE_STRING", "stream": "TYPE_BOOL", "sampling_parameters": "TYPE_STRING",
     "exclude_input_in_output": "TYPE_BOOL", "return_num_input_tokens": "TYPE_BOOL",
     "return_num_output_tokens": "TYPE_BOOL", "return_finish_reason": "TYPE_BOOL",
-    "priority": "TYPE_INT32", "stop": "TYPE_BOOL",
+    "priority": "TYPE_INT32", "stop": "TYPE_BOOL", "return_logprobs": "TYPE_BOOL",
+    "return_cumulative_logprob": "TYPE_BOOL",
 }
 # GenerationRequest fields that go into ``sampling_parameters`` when set (max_tokens always).
-SAMPLING_KEYS: tuple[str, ...] = ("temperature", "top_p", "top_k", "seed")
+SAMPLING_KEYS: tuple[str, ...] = ("temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",
+                                   "frequency_penalty", "min_tokens")
 
 
 def pack(req: GenerationRequest, return_finish_reason: bool = True) -> dict[str, np.ndarray]:
@@ -51,6 +59,12 @@ def pack(req: GenerationRequest, return_finish_reason: bool = True) -> dict[str,
             sampling[key] = value
     if req.stop_words:
         sampling["stop"] = list(req.stop_words)
+    if req.bad_words:
+        sampling["bad_words"] = list(req.bad_words)
+    if req.end_id is not None:
+        sampling["stop_token_ids"] = [req.end_id]
+    if req.return_log_probs:
+        sampling["logprobs"] = 0  # the sampled token's log prob
     t = {
         "text_input": text_array([req.prompt], batch=False),
         "stream": scalar_array(req.stream, np.bool_, batch=False),
@@ -63,6 +77,9 @@ def pack(req: GenerationRequest, return_finish_reason: bool = True) -> dict[str,
     for name in ("return_num_input_tokens", "return_num_output_tokens"):
         if getattr(req, name):
             t[name] = scalar_array(True, np.bool_, batch=False)
+    if req.return_log_probs:
+        t["return_logprobs"] = scalar_array(True, np.bool_, batch=False)
+        t["return_cumulative_logprob"] = scalar_array(True, np.bool_, batch=False)
     return t
 
 
@@ -84,6 +101,13 @@ class VllmRequest:
     return_num_output_tokens: bool
     priority: int
     stop: bool
+    return_cumulative_logprob: bool = False
+    return_logprobs: bool = False
+
+    @property
+    def n(self) -> int:
+        """Completions per request (sampling parameter ``n``)."""
+        return int(self.sampling.get("n", 1) or 1)
 
 
 def unpack(v: Mapping[str, Any]) -> VllmRequest:
@@ -93,6 +117,8 @@ def unpack(v: Mapping[str, Any]) -> VllmRequest:
         return VllmRequest("", {}, False, False, False, False, False, priority, True)
     if not v["text_input"]:
         raise InvalidInput("input 'text_input' is empty; send the prompt text")
+    if v["stream"] and v["exclude_input_in_output"] is False:
+        raise InvalidInput(STREAM_WITH_INPUT)
     return VllmRequest(
         prompt=v["text_input"],
         sampling=sampling_kwargs_from_json(v["sampling_parameters"] or "{}"),
@@ -103,16 +129,36 @@ def unpack(v: Mapping[str, Any]) -> VllmRequest:
         return_num_output_tokens=bool(v["return_num_output_tokens"]),
         priority=priority,
         stop=False,
+        return_cumulative_logprob=bool(v["return_cumulative_logprob"]),
+        return_logprobs=bool(v["return_logprobs"]),
     )
 
 
-def pack_response(req: VllmRequest, text: str, finish: Any, n_in: int, n_out: int) -> dict[str, np.ndarray]:
-    """One vllm_backend response: the text and the outputs ``req`` asked for (shape [1])."""
-    outputs = {"text_output": text_array([text], batch=False)}
+@dataclass
+class Completion:
+    """What one response says of one completion (index ``i`` of ``n``)."""
+
+    text: str = ""
+    finish_reason: Any = None
+    num_output_tokens: int = 0
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[str, dict[str, Any]]] | None = None  # one {token id: {logprob, rank, decoded_token}} per position
+
+
+def pack_response(req: VllmRequest, completions: Sequence[Completion], n_in: int) -> dict[str, np.ndarray]:
+    """One vllm_backend response (one element per completion): the text and the outputs ``req``
+    asked for, as upstream sends them (``finish_reason`` "None" until a completion ends,
+    ``logprobs`` "null" when the ``logprobs`` sampling parameter was not set)."""
+    outputs = {"text_output": text_array([c.text for c in completions], batch=False)}
     if req.return_finish_reason:
-        outputs["finish_reason"] = text_array([str(finish or "")], batch=False)
+        outputs["finish_reason"] = text_array([str(c.finish_reason) for c in completions], batch=False)
+    if req.return_cumulative_logprob:
+        outputs["cumulative_logprob"] = np.array(
+            [np.nan if c.cumulative_logprob is None else c.cumulative_logprob for c in completions], dtype=np.float32)
+    if req.return_logprobs:
+        outputs["logprobs"] = text_array([json.dumps(c.logprobs) for c in completions], batch=False)
     if req.return_num_input_tokens:
         outputs["num_input_tokens"] = scalar_array(n_in, np.uint32, batch=False)
     if req.return_num_output_tokens:
-        outputs["num_output_tokens"] = scalar_array(n_out, np.uint32, batch=False)
+        outputs["num_output_tokens"] = np.array([c.num_output_tokens for c in completions], dtype=np.uint32)
     return outputs

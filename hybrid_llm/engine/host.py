@@ -37,6 +37,7 @@ class IterationSnapshot:
     ttfts_s: list[float] = field(default_factory=list)
     inter_token_latencies_s: list[float] = field(default_factory=list)
     finished: list["FinishedSnapshot"] = field(default_factory=list)
+    n_params: list[int] = field(default_factory=list)  # the n of each request that started this step
 
 
 @dataclass
@@ -148,6 +149,7 @@ def _make_stat_logger_factory(sink: EngineStatsSink) -> Callable[..., Any]:
                         ttfts_s=list(iteration_stats.time_to_first_tokens_iter),
                         inter_token_latencies_s=list(iteration_stats.inter_token_latencies_iter),
                         finished=finished,
+                        n_params=[int(n) for n in getattr(iteration_stats, "n_params_iter", None) or []],
                     )
                 )
 

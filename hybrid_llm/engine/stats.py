@@ -12,8 +12,24 @@ from typing import Any, Mapping, Protocol
 from hybrid_llm.engine.host import IterationSnapshot, SchedulerSnapshot
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
-TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
+# Upstream vllm_backend's buckets (src/utils/metrics.py, 8de0c148) for the families it exports;
+# REQUEST_BUCKETS for the phase histograms it does not have (vLLM's own names).
+TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]
+E2E_BUCKETS = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
 REQUEST_BUCKETS = [0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0]
+N_BUCKETS = [1, 2, 5, 10, 20]
+
+
+def buckets_1_2_5(limit: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``limit`` (vLLM's build_1_2_5_buckets)."""
+    out, exponent = [], 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10 ** exponent
+            if value > limit:
+                return out
+            out.append(value)
+        exponent += 1
 
 
 class MetricWriter(Protocol):
@@ -59,6 +75,9 @@ class VllmMetricsSink(_ReleasableSink):
         ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", "histogram"),
         ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", "histogram"),
         ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", "histogram"),
+        ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "histogram"),
+        ("vllm:request_generation_tokens", "Number of generation tokens processed.", "histogram"),
+        ("vllm:request_params_n", "Histogram of the n request parameter.", "histogram"),
         ("vllm:request_success_total", "Number of requests that finished in the engine.", "counter"),
         ("vllm:request_aborted_total", "Number of requests aborted (client cancel or stop).", "counter"),
         ("vllm:num_requests_running", "Number of requests currently running.", "gauge"),
@@ -66,7 +85,7 @@ class VllmMetricsSink(_ReleasableSink):
         ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge"),
     )
 
-    def __init__(self, writer: MetricWriter, labels: Mapping[str, str]) -> None:
+    def __init__(self, writer: MetricWriter, labels: Mapping[str, str], max_model_len: int = 4096) -> None:
         self.w = writer
         for name, desc, kind in self.FAMILIES:
             writer.family(name, desc, kind)
@@ -75,7 +94,10 @@ class VllmMetricsSink(_ReleasableSink):
         self.generation_tokens = m("vllm:generation_tokens_total")
         self.ttft = m("vllm:time_to_first_token_seconds", TTFT_BUCKETS)
         self.tpot = m("vllm:time_per_output_token_seconds", TPOT_BUCKETS)
-        self.e2e = m("vllm:e2e_request_latency_seconds", REQUEST_BUCKETS)
+        self.e2e = m("vllm:e2e_request_latency_seconds", E2E_BUCKETS)
+        self.prompt_hist = m("vllm:request_prompt_tokens", buckets_1_2_5(max_model_len))
+        self.generation_hist = m("vllm:request_generation_tokens", buckets_1_2_5(max_model_len))
+        self.n_hist = m("vllm:request_params_n", N_BUCKETS)
         self.queue = m("vllm:request_queue_time_seconds", REQUEST_BUCKETS)
         self.prefill = m("vllm:request_prefill_time_seconds", REQUEST_BUCKETS)
         self.decode = m("vllm:request_decode_time_seconds", REQUEST_BUCKETS)
@@ -110,9 +132,13 @@ class VllmMetricsSink(_ReleasableSink):
             self.w.observe(self.ttft, v)
         for v in snap.inter_token_latencies_s:
             self.w.observe(self.tpot, v)
+        for n in snap.n_params:
+            self.w.observe(self.n_hist, n)
         for f in snap.finished:
             self.w.inc(self.success)
             self.w.observe(self.e2e, f.e2e_s)
+            self.w.observe(self.prompt_hist, f.prompt_tokens)
+            self.w.observe(self.generation_hist, f.generation_tokens)
             self.w.observe(self.queue, f.queued_s)
             self.w.observe(self.prefill, f.prefill_s)
             self.w.observe(self.decode, f.decode_s)
@@ -155,6 +181,7 @@ class TrtllmMetricsSink(_ReleasableSink):
                         for t in ("total_context_tokens", "generation_requests", "micro_batch_id",
                                   "paused_requests")}
         self.num_blocks = 0
+        self.block_size = 0
         self.iterations = 0
         self.completed = 0
         self.cancelled = 0
@@ -168,6 +195,7 @@ class TrtllmMetricsSink(_ReleasableSink):
         if self.released:
             return
         self.num_blocks = num_kv_blocks
+        self.block_size = block_size
         self.w.set(self.kv["max"], num_kv_blocks)
         self.w.set(self.kv["free"], num_kv_blocks)
         self.w.set(self.kv["used"], 0)

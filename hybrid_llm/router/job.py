@@ -26,6 +26,7 @@ class RouterJob(GenerationRequest):
     """A validated router request: the client's request plus what the router adds."""
 
     prompt_ids: list[int] = field(default_factory=list)
+    bad_words_ids: list[list[int]] = field(default_factory=list)  # bad_words tokenized (trtllm carries ids)
     request_id: str = ""
     policy: str | None = None  # a per-request routing policy (policy_override); None: the configured one
 
@@ -44,8 +45,10 @@ def requested_policy(parameters: Mapping[str, Any], cfg: RouterConfig) -> str | 
     return str(name)
 
 
-def build_job(values: Mapping[str, Any], cfg: RouterConfig, tokenize: Callable[[str], list[int]]) -> RouterJob:
-    """Validate parsed router inputs and tokenize the prompt once."""
+def build_job(values: Mapping[str, Any], cfg: RouterConfig, tokenize: Callable[[str], list[int]],
+              tokenize_word: Callable[[str], list[int]] | None = None) -> RouterJob:
+    """Validate parsed router inputs and tokenize the prompt once (``tokenize_word``: a bad word,
+    without special tokens, as TensorRT-LLM's preprocessing does; default ``tokenize``)."""
     prompt = values["text_input"]
     if not prompt or not prompt.strip():
         raise InvalidInput("input 'text_input' is empty; send the prompt as a non-empty UTF-8 string")
@@ -74,6 +77,29 @@ def build_job(values: Mapping[str, Any], cfg: RouterConfig, tokenize: Callable[[
         raise InvalidInput(f"input 'stop_words' has {len(stop_words)} entries; send at most {cfg.max_stop_words}")
     if any(len(w) > cfg.max_stop_word_chars for w in stop_words):
         raise InvalidInput(f"input 'stop_words' has an entry longer than {cfg.max_stop_word_chars} characters")
+    for name, neutral, what in (("beam_width", 1, "beam search is not supported"),
+                                ("num_return_sequences", 1, "one sequence per request")):
+        if values.get(name) not in (None, neutral):
+            raise InvalidInput(f"input '{name}' is {values[name]}; send {neutral} ({what} by router_bls)")
+    for name in ("return_context_logits", "return_generation_logits"):
+        if values.get(name):
+            raise InvalidInput(f"input '{name}' is true; send false (router_bls returns no logits)")
+    penalties = {k: values.get(k) for k in ("repetition_penalty", "presence_penalty", "frequency_penalty",
+                                            "length_penalty", "min_tokens")}
+    if penalties["repetition_penalty"] is not None and penalties["repetition_penalty"] <= 0:
+        raise InvalidInput(f"input 'repetition_penalty' is {penalties['repetition_penalty']}; send a value > 0 "
+                           "(1 means none)")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if penalties[key] is not None and not -2.0 <= penalties[key] <= 2.0:
+            raise InvalidInput(f"input '{key}' is {penalties[key]}; send a value in [-2, 2] (0 means none)")
+    if penalties["min_tokens"] is not None and not 0 <= penalties["min_tokens"] <= max_tokens:
+        raise InvalidInput(f"input 'min_tokens' is {penalties['min_tokens']}; send 0..max_tokens ({max_tokens})")
+    for key in ("end_id", "pad_id"):
+        if values.get(key) is not None and values[key] < 0:
+            raise InvalidInput(f"input '{key}' is {values[key]}; send a token id >= 0")
+    bad_words = [w for w in (values.get("bad_words") or []) if w]
+    if len(bad_words) > cfg.max_stop_words:
+        raise InvalidInput(f"input 'bad_words' has {len(bad_words)} entries; send at most {cfg.max_stop_words}")
     ids = tokenize(prompt)
     if len(ids) > cfg.max_prompt_tokens:
         raise InvalidInput(
@@ -87,6 +113,10 @@ def build_job(values: Mapping[str, Any], cfg: RouterConfig, tokenize: Callable[[
         exclude_input_in_output=bool(values.get("exclude_input_in_output")),
         return_num_input_tokens=bool(values.get("return_num_input_tokens")),
         return_num_output_tokens=bool(values.get("return_num_output_tokens")),
+        **penalties, bad_words=bad_words, bad_words_ids=[(tokenize_word or tokenize)(w) for w in bad_words],
+        end_id=values.get("end_id"), pad_id=values.get("pad_id"),
+        return_log_probs=bool(values.get("return_log_probs")),
+        return_perf_metrics=bool(values.get("return_perf_metrics")),
     )
 
 
@@ -96,7 +126,7 @@ def engine_request(job: RouterJob, engine: str, end_id: int) -> dict[str, np.nda
     req = replace(job, stream=True, exclude_input_in_output=True, stop_words=[],
                   return_num_input_tokens=True, return_num_output_tokens=True)
     if engine == TRTLLM:
-        return trtllm.pack(job.prompt_ids, req, end_id)
+        return trtllm.pack(job.prompt_ids, req, end_id, job.bad_words_ids)
     return vllm.pack(req, return_finish_reason=False)
 
 

@@ -4,7 +4,10 @@ cancel checks, and the responses to the client (no Triton imports: the Triton si
 
 from __future__ import annotations
 
+import json
+import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
@@ -129,6 +132,8 @@ class Relay:
         else:
             outputs, detok = vllm.OUTPUTS, None
         t_start = self.clock()
+        extras = Extras(job.return_log_probs, job.return_perf_metrics,
+                        arrival_ns=time.time_ns() - int((self.clock() - p.arrived) * 1e9), scheduled_ns=time.time_ns())
         full = ""  # text generated so far (after any stop-word cut)
         emitted = 0  # characters already sent to the client
         n_out = 0
@@ -146,6 +151,7 @@ class Relay:
                 p.last_heard = self.clock()
                 if p.cancel_seen or cancelled():
                     return self._cancelled(p, engine, model, request_id)
+                extras.absorb(out)
                 if detok is not None:
                     ids = out["output_ids"].reshape(-1).tolist()
                     n_out += len(ids)
@@ -156,6 +162,8 @@ class Relay:
                         n_out += int(out["num_output_tokens"].reshape(-1)[0])
                 if not piece:
                     continue
+                extras.last_ns = time.time_ns()
+                extras.first_ns = extras.first_ns or extras.last_ns
                 if first is None:
                     first = self.clock()
                     st.ttft.add((first - t_start) * 1000.0)
@@ -174,7 +182,7 @@ class Relay:
                     # stream_interval_ms (each response is an IPC round trip), the rest with FINAL.
                     now = self.clock() if interval else 0.0
                     if delta and (emitted == 0 or now >= next_send):
-                        if not self.send(p, engine, self._outputs(job, delta, engine, None), final=False):
+                        if not self.send(p, engine, self._outputs(job, delta, engine, None, extras), final=False):
                             return "abandoned"
                         emitted += len(delta)
                         p.emitted = emitted
@@ -203,10 +211,10 @@ class Relay:
                               None if first is None or n_out < 2 else (t_end - first) / (n_out - 1))
         if job.stream:
             rest = full[emitted:]
-            sent = self.send(p, engine, self._outputs(job, rest, engine, n_out), final=True)
+            sent = self.send(p, engine, self._outputs(job, rest, engine, n_out, extras), final=True)
         else:
             text = full if job.exclude_input_in_output else job.prompt + full
-            sent = self.send(p, engine, self._outputs(job, text, engine, n_out), final=True)
+            sent = self.send(p, engine, self._outputs(job, text, engine, n_out, extras), final=True)
         return "done" if sent else "abandoned"
 
     def cancel_interval_s(self) -> float:
@@ -283,10 +291,65 @@ class Relay:
         except Exception as exc:  # noqa: BLE001 - the request may have finished already
             self.log(f"stop of {request_id} on {model}: {exc!r}")
 
-    def _outputs(self, job: RouterJob, text: str, engine: str, n_out: int | None) -> dict[str, np.ndarray]:
+    def _outputs(self, job: RouterJob, text: str, engine: str, n_out: int | None,
+                 extras: "Extras") -> dict[str, np.ndarray]:
         return router_contract.pack_response(
             text, engine, len(job.prompt_ids) if job.return_num_input_tokens else None,
-            n_out if job.return_num_output_tokens else None)
+            n_out if job.return_num_output_tokens else None,
+            extras.take_log_probs() if job.return_log_probs else None, extras.cum,
+            extras.perf() if job.return_perf_metrics else None)
+
+
+@dataclass
+class Extras:
+    """What one attempt relays besides text: the sampled tokens' log probs (from either
+    engine's outputs) and the perf metrics (router-side times, trtllm's KV-block counts)."""
+
+    log_probs_wanted: bool
+    perf_wanted: bool
+    arrival_ns: int = 0
+    scheduled_ns: int = 0
+    first_ns: int = 0
+    last_ns: int = 0
+    log_probs: list[float] = field(default_factory=list)
+    cum: float = 0.0
+    sent: int = 0
+    kv: dict[str, int] = field(default_factory=dict)
+
+    def absorb(self, out: Mapping[str, np.ndarray]) -> None:
+        """Fold one engine response in."""
+        if self.log_probs_wanted:
+            if "output_log_probs" in out:  # trtllm: one value per new token
+                self.log_probs.extend(float(x) for x in out["output_log_probs"].reshape(-1))
+            elif "logprobs" in out:  # vllm_backend: JSON, one {token: {logprob, ...}} per new token
+                for raw in out["logprobs"].reshape(-1)[:1]:
+                    for position in json.loads(raw.decode() if isinstance(raw, bytes) else str(raw)) or []:
+                        self.log_probs.append(float(next(iter(position.values()))["logprob"]))
+            for name in ("cum_log_probs", "cumulative_logprob"):
+                if name in out and out[name].size and math.isfinite(float(out[name].reshape(-1)[0])):
+                    self.cum = float(out[name].reshape(-1)[0])
+        if self.perf_wanted:
+            for name in ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks"):
+                if name in out and out[name].size:
+                    self.kv[name] = int(out[name].reshape(-1)[0])
+
+    def take_log_probs(self) -> list[float]:
+        """The log probs not sent yet."""
+        new, self.sent = self.log_probs[self.sent:], len(self.log_probs)
+        return new
+
+    def perf(self) -> dict[str, float]:
+        """The perf-metric outputs: times are the router's (wall clock, ns); KV blocks the engine's
+        where it reports them (trtllm), else 0; no speculative decoding here (0)."""
+        now = time.time_ns()
+        first = self.first_ns or now
+        return {"kv_cache_alloc_new_blocks": self.kv.get("kv_cache_alloc_new_blocks", 0),
+                "kv_cache_reused_blocks": self.kv.get("kv_cache_reused_blocks", 0),
+                "kv_cache_alloc_total_blocks": self.kv.get("kv_cache_alloc_total_blocks", 0),
+                "arrival_time_ns": self.arrival_ns, "first_scheduled_time_ns": max(self.scheduled_ns, self.arrival_ns),
+                "first_token_time_ns": max(first, self.scheduled_ns), "last_token_time_ns": max(self.last_ns or now, first,
+                                                                                              self.scheduled_ns),
+                "acceptance_rate": 0.0, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0}
 
 
 def attempt_id(job: RouterJob, engine: str) -> str:

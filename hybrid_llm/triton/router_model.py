@@ -35,6 +35,7 @@ class RouterModel:
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.tokenizer_dir)
         self._tokenize, encoder = prompt_encoder(self.tokenizer)
+        self._tokenize_word = lambda word: list(self.tokenizer.encode(word, add_special_tokens=False))
         self.writer = ta.Metrics()
         self.metrics = RouterMetrics(self.writer, model=args["model_name"],
                                      latency_buckets=self.cfg.latency_buckets_s,
@@ -57,8 +58,14 @@ class RouterModel:
             sender = request.get_response_sender()
             try:
                 values = ta.read_request(request, router_contract.INPUTS)
-                job = build_job(values, self.cfg, self._tokenize)
-                job.policy = requested_policy(ta.request_parameters(request), self.cfg)
+                job = build_job(values, self.cfg, self._tokenize, self._tokenize_word)
+                parameters = ta.request_parameters(request)
+                unknown = sorted(k for k in parameters if k not in router_contract.KNOWN_PARAMETERS
+                                 and not k.startswith("triton_"))
+                if unknown:
+                    raise InvalidInput(f"unknown input(s) or parameter(s) {unknown}; router_bls takes the inputs "
+                                       f"{[s.name for s in router_contract.INPUTS]}")
+                job.policy = requested_policy(parameters, self.cfg)
             except InvalidInput as exc:
                 self.metrics.rejected("invalid")
                 ta.send_error(sender, f"router_bls: {exc}", "INVALID_ARG")

@@ -11,9 +11,9 @@ families with the real backend's labels. The gpu profile uses the real backend.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 
 from hybrid_llm.triton import adapter as ta
 from hybrid_llm.contracts import trtllm
@@ -54,13 +54,16 @@ class TrtllmStandIn(EngineModelBase):
             stop_token_ids=stop_token_ids or None,
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
+            logprobs=0 if job.log_probs else None,  # the sampled token's log prob only
         )
-        arrival = time.time_ns()
-        first_token = 0
+        clock = _Clock(arrival=time.time_ns())
         generated: list[int] = []
+        log_probs: list[float] = []
+        cached = 0
         self.sink.request_started()
         final_sent = False
         try:
+            clock.scheduled = time.time_ns()
             async for out in self.host.generate({"prompt_token_ids": job.input_ids}, params,
                                                 request_id, 0):
                 if cancelled():
@@ -68,18 +71,25 @@ class TrtllmStandIn(EngineModelBase):
                     self.sink.request_cancelled()
                     ta.send_error(sender, f"{self.model_name}: request cancelled", "CANCELLED")
                     return
-                new = [t for t in out.outputs[0].token_ids]
+                completion = out.outputs[0]
+                new = list(completion.token_ids)
+                new_lp = [_sampled_logprob(t, pos) for t, pos in zip(new, completion.logprobs or [])]
+                cached = int(getattr(out, "num_cached_tokens", 0) or 0)
                 finished = out.finished
                 if finished and new and job.end_id is not None and new[-1] == job.end_id:
-                    new = new[:-1]  # like TensorRT-LLM, the end id is not part of the output
-                if new and not first_token:
-                    first_token = time.time_ns()
+                    new, new_lp = new[:-1], new_lp[:len(new) - 1]  # like TensorRT-LLM: the end id is not output
+                if new:
+                    clock.last_token = time.time_ns()
+                    clock.first_token = clock.first_token or clock.last_token
                 generated.extend(new)
+                log_probs.extend(new_lp)
                 if multi_stops and not finished and any(generated[-len(w):] == w for w in multi_stops):
                     await self.abort(request_id)
                     finished = True
                 if job.streaming and (new or finished):
-                    ta.send(sender, self._outputs(job, new, arrival, first_token), final=finished)
+                    ta.send(sender, trtllm.pack_response(job, new, new_lp, sum(log_probs),
+                                                         self._perf(job, clock, len(generated), cached)),
+                            final=finished)
                     final_sent = finished
                 if finished:
                     break
@@ -88,14 +98,39 @@ class TrtllmStandIn(EngineModelBase):
                     ta.send(sender, None)
             else:
                 ids = generated if job.exclude_input else job.input_ids + generated
-                ta.send(sender, self._outputs(job, ids, arrival, first_token), final=True)
+                ta.send(sender, trtllm.pack_response(job, ids, log_probs, sum(log_probs),
+                                                     self._perf(job, clock, len(generated), cached)), final=True)
         finally:
-            self.sink.request_finished((time.time_ns() - arrival) / 1e9)
+            self.sink.request_finished((time.time_ns() - clock.arrival) / 1e9)
 
-    @staticmethod
-    def _outputs(job: TrtllmRequest, ids: list[int], arrival: int, first_token: int) -> dict[str, np.ndarray]:
+    def _perf(self, job: TrtllmRequest, clock: "_Clock", n_generated: int, cached_tokens: int) -> dict[str, float]:
+        """The perf-metric outputs: real times (wall clock, ns) and KV blocks from vLLM's block
+        size and prefix-cache hits; 0 for the speculative-decoding figures (none here)."""
         if not job.perf_metrics:
-            return trtllm.pack_response(ids)
+            return {}
+        block = max(int(getattr(self.sink, "block_size", 0) or 0), 1)
+        total = -(-(len(job.input_ids) + n_generated) // block)
+        reused = min(cached_tokens // block, total)
         now = time.time_ns()
-        return trtllm.pack_response(ids, {"arrival_time_ns": arrival, "first_token_time_ns": first_token or now,
-                                          "last_token_time_ns": now})
+        first = clock.first_token or now
+        return {"kv_cache_alloc_new_blocks": total - reused, "kv_cache_reused_blocks": reused,
+                "kv_cache_alloc_total_blocks": total, "arrival_time_ns": clock.arrival,
+                "first_scheduled_time_ns": clock.scheduled or clock.arrival, "first_token_time_ns": first,
+                "last_token_time_ns": max(clock.last_token or now, first), "acceptance_rate": 0.0,
+                "total_accepted_draft_tokens": 0, "total_draft_tokens": 0}
+
+
+@dataclass
+class _Clock:
+    """When a request arrived, was handed to the engine, got its first and its last token (ns)."""
+
+    arrival: int
+    scheduled: int = 0
+    first_token: int = 0
+    last_token: int = 0
+
+
+def _sampled_logprob(token: int, position: Any) -> float:
+    """The log prob vLLM reports for the sampled ``token`` at one position."""
+    entry = position.get(token) if hasattr(position, "get") else None
+    return float(entry.logprob) if entry is not None else 0.0

@@ -36,7 +36,8 @@ class VllmModel(EngineModelBase):
 
     def make_sink(self) -> VllmMetricsSink:
         """vllm:* families labelled with this model."""
-        return VllmMetricsSink(self.metrics, {"model": self.model_name, "version": self.model_version})
+        return VllmMetricsSink(self.metrics, {"model": self.model_name, "version": self.model_version},
+                               int(self.engine_args.get("max_model_len") or 4096))
 
     def parse(self, request: Any) -> VllmRequest:
         """Parse and validate one request."""
@@ -52,18 +53,22 @@ class VllmModel(EngineModelBase):
             self.sink.request_cancelled()
             ta.send(sender, None)
             return
+        sampling = dict(job.sampling)
+        if job.return_cumulative_logprob and sampling.get("logprobs") is None:
+            sampling["logprobs"] = 0  # vLLM sums log probs only when it computes them
         try:
-            params = SamplingParams(**job.sampling, output_kind=RequestOutputKind.DELTA)
+            params = SamplingParams(**sampling, output_kind=RequestOutputKind.DELTA)
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"input 'sampling_parameters' is invalid: {exc}") from None
+        want_logprobs = job.sampling.get("logprobs") is not None
         self.sink.request_started()
         t0 = time.monotonic()
-        pieces: list[str] = []
-        n_out = 0
+        n = max(int(params.n or 1), 1)
+        total = [vllm.Completion(logprobs=[] if want_logprobs else None) for _ in range(n)]
         n_in = 0
-        finish = None
         final_sent = False
-        merger = DeltaMerger(self.merge_tokens) if job.stream and self.merge_tokens > 1 else None
+        merger = (DeltaMerger(self.merge_tokens) if job.stream and self.merge_tokens > 1 and n == 1
+                  and not job.return_logprobs else None)
         try:
             async for out in self.host.generate(job.prompt, params, request_id, job.priority):
                 if cancelled():
@@ -72,27 +77,39 @@ class VllmModel(EngineModelBase):
                     ta.send_error(sender, f"{self.model_name}: request cancelled", "CANCELLED")
                     return
                 n_in = len(out.prompt_token_ids or [])
-                delta = out.outputs[0]
-                n_out += len(delta.token_ids)
-                finish = delta.finish_reason
+                step = [vllm.Completion(finish_reason=t.finish_reason, cumulative_logprob=t.cumulative_logprob,
+                                        logprobs=[] if want_logprobs else None) for t in total]
+                for c in out.outputs:
+                    i = min(int(getattr(c, "index", 0)), n - 1)
+                    new_lp = _logprob_entries(c.logprobs) if want_logprobs else None
+                    for acc in (step[i], total[i]):
+                        acc.text += c.text
+                        acc.num_output_tokens += len(c.token_ids)
+                        acc.finish_reason = c.finish_reason
+                        acc.cumulative_logprob = c.cumulative_logprob
+                        if new_lp is not None:
+                            acc.logprobs.extend(new_lp)
                 if job.stream:
-                    text, n_new = delta.text, len(delta.token_ids)
                     if merger is not None:
-                        merged = merger.push(text, n_new, out.finished)
+                        merged = merger.push(step[0].text, step[0].num_output_tokens, out.finished)
                         if merged is None:
                             continue
-                        text, n_new = merged
-                    ta.send(sender, vllm.pack_response(job, text, finish, n_in, n_new), final=out.finished)
+                        step[0].text, step[0].num_output_tokens = merged
+                    ta.send(sender, vllm.pack_response(job, step, n_in), final=out.finished)
                     final_sent = out.finished
-                else:
-                    pieces.append(delta.text)
             if job.stream:
                 if not final_sent:
                     ta.send(sender, None)
             else:
-                text = "".join(pieces)
                 if not job.exclude_input:
-                    text = job.prompt + text
-                ta.send(sender, vllm.pack_response(job, text, finish, n_in, n_out), final=True)
+                    for c in total:
+                        c.text = job.prompt + c.text
+                ta.send(sender, vllm.pack_response(job, total, n_in), final=True)
         finally:
             self.sink.request_finished(time.monotonic() - t0)
+
+
+def _logprob_entries(logprobs: Any) -> list[dict[str, dict[str, Any]]]:
+    """vLLM's per-position log probs as upstream's JSON entries: {token id: {logprob, rank, decoded_token}}."""
+    return [{str(tid): {"logprob": float(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
+             for tid, lp in position.items()} for position in (logprobs or [])]

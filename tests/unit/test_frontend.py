@@ -34,6 +34,11 @@ def test_a_completion_maps_each_field_to_the_router_request():
     assert r.include_usage and r.user == "u1" and r.kind == "completion"
 
 
+def test_penalties_reach_the_router_request():
+    g = completion(presence_penalty=0.5, frequency_penalty=-1).generation
+    assert (g.presence_penalty, g.frequency_penalty) == (0.5, -1)
+
+
 def test_completion_defaults_and_echo():
     r = completion()
     assert r.generation.max_tokens == 16 and not r.stream and r.generation.priority == NORMAL
@@ -70,7 +75,8 @@ def test_the_body_wins_over_the_headers():
     ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"seed": -1}, "seed"), ({"seed": 1.5}, "seed"),
     ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": "8"}, "max_tokens"), ({"stop": [1]}, "stop"),
     ({"stream": "yes"}, "stream"), ({"stream_options": {"include_usage": True}}, "stream_options"),
-    ({"logprobs": 2}, "logprobs"), ({"best_of": 2}, "best_of"), ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"logprobs": 2}, "logprobs"), ({"best_of": 2}, "best_of"), ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"logit_bias": {"1": 5}}, "logit_bias"), ({"prompt": ""}, "prompt"), ({"prompt": [1, 2]}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"), ({"echo": True, "stream": True}, "echo"), ({"model": ""}, "model"),
 ])

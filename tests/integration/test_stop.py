@@ -1,0 +1,130 @@
+"""``make serve`` (build_scripts/serve.py) stops within 10 s on SIGTERM: idle, under load and
+right after an engine death, leaving none of its own processes or shared-memory files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from client.stream import stream_grpc
+from hybrid_llm.contracts import GenerationRequest, router_tensors
+from hybrid_llm.procs import alive
+from hybrid_llm.server import ROOT, free_ports
+from tests.server_fixture import BUILD
+
+pytestmark = pytest.mark.integration
+STOP_BOUND_S = 10.0
+
+
+class Serve:
+    """One ``python -m build_scripts.serve`` on free ports, with its output collected."""
+
+    def __init__(self, name: str) -> None:
+        self.http, self.grpc, self.metrics, self.openai = free_ports(4)
+        self.dir = BUILD / name
+        self.lines: list[str] = []
+        cmd = [sys.executable, "-m", "build_scripts.serve", "--http-port", str(self.http), "--grpc-port",
+               str(self.grpc), "--metrics-port", str(self.metrics), "--openai-port", str(self.openai),
+               "--repository", str(self.dir / "repository"), "--log-dir", str(self.dir / "logs")]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=lambda: os.nice(5))
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+
+    @property
+    def state_path(self) -> Path:
+        return self.dir / "logs" / f"serve-{self.http}.state.json"
+
+    def wait_ready(self, timeout_s: float = 420.0) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if any("Ctrl-C to stop" in line for line in self.lines):
+                return json.loads(self.state_path.read_text())
+            assert self.proc.poll() is None, "\n".join(self.lines[-40:])
+            time.sleep(0.5)
+        raise AssertionError("serve not ready:\n" + "\n".join(self.lines[-40:]))
+
+    def sigterm(self) -> float:
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        return time.monotonic() - t0
+
+
+def _assert_clean(state: dict, serve: Serve) -> None:
+    time.sleep(0.2)
+    left = [pid for pid, st in state["processes"] if alive(pid, st)]
+    assert not left, f"processes of the run still alive: {left}"
+    files = [f for f in state["shm"] if os.path.exists(f)]
+    assert not files, f"shared-memory files left: {files}"
+    assert not list(Path("/dev/shm").glob(f"{state['prefix']}*"))
+    assert not serve.state_path.exists()
+    assert serve.proc.returncode == 0, "\n".join(serve.lines[-20:])
+    stubs = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(serve.dir).encode() in cmdline.read_bytes():
+                stubs.append(cmdline.parent.name)
+        except OSError:
+            continue
+    assert not stubs, f"processes of this run's repository still alive: {stubs}"
+
+
+def test_an_idle_server_stops_within_10_s():
+    serve = Serve("stop-idle")
+    state = serve.wait_ready()
+    assert len(state["processes"]) >= 5 and state["shm"]  # server, 3 stubs, engines; their regions
+    took = serve.sigterm()
+    assert took < STOP_BOUND_S, (took, serve.lines[-5:])
+    _assert_clean(state, serve)
+
+
+def test_a_server_under_load_stops_within_10_s_and_every_stream_ends():
+    serve = Serve("stop-load")
+    serve.wait_ready()
+    results = []
+
+    def stream(i: int) -> None:
+        req = GenerationRequest(f"tell me a long story number {i}", max_tokens=1000, temperature=0.0,
+                                latency_sla_ms=50.0 if i % 2 else None)
+        results.append(stream_grpc(f"127.0.0.1:{serve.grpc}", "router_bls", router_tensors(req), timeout_s=60))
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(3.0)  # streaming on both engines
+    state = json.loads(serve.state_path.read_text())
+    took = serve.sigterm()
+    for t in threads:
+        t.join(timeout=30)
+    assert took < STOP_BOUND_S, (took, serve.lines[-5:])
+    assert len(results) == 8  # every client got an answer (text or an error), none hangs
+    _assert_clean(state, serve)
+
+
+def test_a_server_stops_within_10_s_right_after_an_engine_death():
+    serve = Serve("stop-engine-death")
+    state = serve.wait_ready()
+    cores = [pid for pid, _ in state["processes"]
+             if "EngineCor" in Path(f"/proc/{pid}/comm").read_text(errors="replace")]
+    assert cores, state
+    os.kill(cores[0], signal.SIGKILL)
+    time.sleep(0.5)
+    took = serve.sigterm()
+    assert took < STOP_BOUND_S, (took, serve.lines[-5:])
+    _assert_clean(state, serve)
