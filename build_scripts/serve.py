@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             time.sleep(0.5)
         server.wait_ready(5)
+        server.record_state()  # the whole tree now: stubs and engines started while loading
         if frontend is not None:
             frontend.start()
             frontend.wait_ready()

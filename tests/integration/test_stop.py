@@ -55,6 +55,15 @@ class Serve:
             time.sleep(0.5)
         raise AssertionError("serve not ready:\n" + "\n".join(self.lines[-40:]))
 
+    def kill(self) -> None:
+        """After a failed test: SIGTERM and wait, so no run outlives its test."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
     def sigterm(self) -> float:
         t0 = time.monotonic()
         self.proc.send_signal(signal.SIGTERM)
@@ -78,15 +87,23 @@ def _assert_clean(state: dict, serve: Serve) -> None:
     stubs = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if str(serve.dir).encode() in cmdline.read_bytes():
+            if state["prefix"].encode() in cmdline.read_bytes():  # the stubs name their shm prefix
                 stubs.append(cmdline.parent.name)
         except OSError:
             continue
-    assert not stubs, f"processes of this run's repository still alive: {stubs}"
+    assert not stubs, f"stubs of this run still alive: {stubs}"
 
 
-def test_an_idle_server_stops_within_10_s():
-    serve = Serve("stop-idle")
+@pytest.fixture
+def serve_run(request):
+    runs: list[Serve] = []
+    yield lambda name: runs.append(Serve(name)) or runs[-1]
+    for run in runs:
+        run.kill()
+
+
+def test_an_idle_server_stops_within_10_s(serve_run):
+    serve = serve_run("stop-idle")
     state = serve.wait_ready()
     assert len(state["processes"]) >= 5 and state["shm"]  # server, 3 stubs, engines; their regions
     took = serve.sigterm()
@@ -94,8 +111,8 @@ def test_an_idle_server_stops_within_10_s():
     _assert_clean(state, serve)
 
 
-def test_a_server_under_load_stops_within_10_s_and_every_stream_ends():
-    serve = Serve("stop-load")
+def test_a_server_under_load_stops_within_10_s_and_every_stream_ends(serve_run):
+    serve = serve_run("stop-load")
     serve.wait_ready()
     results = []
 
@@ -117,8 +134,8 @@ def test_a_server_under_load_stops_within_10_s_and_every_stream_ends():
     _assert_clean(state, serve)
 
 
-def test_a_server_stops_within_10_s_right_after_an_engine_death():
-    serve = Serve("stop-engine-death")
+def test_a_server_stops_within_10_s_right_after_an_engine_death(serve_run):
+    serve = serve_run("stop-engine-death")
     state = serve.wait_ready()
     cores = [pid for pid, _ in state["processes"]
              if "EngineCor" in Path(f"/proc/{pid}/comm").read_text(errors="replace")]
