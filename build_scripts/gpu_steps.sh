@@ -6,16 +6,20 @@
 #   build_scripts/gpu_steps.sh receive N   # take .bundle/parts/pNN; after the first, setup runs in
 #                                          # the background (its own session) while the rest arrive
 #   build_scripts/gpu_steps.sh serve       # wait for that setup, finish it, start the server, wait ready
-#   build_scripts/gpu_steps.sh p1|p2       # the benchmark, results into $OUT/h200 (or loadtests/results/h200)
+#   build_scripts/gpu_steps.sh p1|p2       # the benchmark, results into $OUT/<gpu> (or loadtests/results/<gpu>)
 #   build_scripts/gpu_steps.sh peer        # stop the server, start plain vllm serve, same workload + vllm bench
 #
-# Environment: PY (default python3, the host's interpreter), JOBS (stub build), P2_QPS (default 80).
+# Environment: PY (default python3, the host's interpreter), JOBS (stub build), P2_QPS (default 80),
+# GPU_TAG (the results folder's name; default: the GPU's model from nvidia-smi, e.g. h200).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 PY="${PY:-python3}"
 VPY=.runtime/gpu/venv/bin/python3
-RESULTS="${OUT:-loadtests/results}/h200"
+# Results go under a folder named for the GPU (h200, h100, ...): figures of two cards never mix.
+GPU_TAG="${GPU_TAG:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
+    | grep -oiE '[A-Z][0-9]{2,3}[A-Z]?' | head -1 | tr 'A-Z' 'a-z')}"
+RESULTS="${OUT:-loadtests/results}/${GPU_TAG:-gpu}"
 SETUP_PID=.runtime/gpu-setup.pid
 SETUP_LOG=.runtime/gpu-setup.log
 mkdir -p .runtime "$RESULTS"

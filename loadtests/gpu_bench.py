@@ -40,6 +40,7 @@ import json
 import multiprocessing as mp
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -551,9 +552,12 @@ def report(out: Path) -> str:
     """results.md from the suite's JSON files in ``out``."""
     p1 = _load(out / "p1.json")
     fe = _load(out / "frontend.json")
-    title = "# GPU benchmark results (one H200, gpu-vllm profile)" if p1 or not fe else "# Frontend benchmark results"
-    lines = [title, ""]
     peer = _load(out / "peer.json")
+    p2 = _load(out / "p2.json")
+    device = next((d["device"] for d in (p1, p2, peer, fe) if d and d.get("device")), "")
+    title = (f"# GPU benchmark results ({device or 'GPU'}, gpu-vllm profile)" if p1 or p2 or peer or not fe
+             else "# Frontend benchmark results")
+    lines = [title, ""]
     if p1:
         lines += ["## P1: router overhead (router_bls -> vllm_backend vs vllm_backend, gRPC streaming)", "",
                   f"Settings: {p1['settings'].get('prompt_tokens')} prompt tokens, {p1['settings'].get('output_tokens')} "
@@ -573,7 +577,6 @@ def report(out: Path) -> str:
         lines += ["## Peer: plain `vllm serve` (same vLLM, model, engine args; OpenAI completions, SSE)", "",
                   format_table(closed_loop_header("vllm serve", "router"),
                                closed_loop_rows(merged, "vllm serve", "router"), markdown=True), ""]
-    p2 = _load(out / "p2.json")
     if p2:
         s = p2["settings"]
         lines += ["## P2: the policy's worth (hybrid mix, open loop)", "",
@@ -591,6 +594,17 @@ def report(out: Path) -> str:
     text = "\n".join(lines)
     (out / "results.md").write_text(text)
     return text
+
+
+def device_name() -> str:
+    """The GPU's name as nvidia-smi prints it (e.g. 'NVIDIA H200'), or 'CPU' where there is none."""
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=20, check=True).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return "CPU"
+    names = [n.strip() for n in names if n.strip()]
+    return f"{len(names)} x {names[0]}" if len(names) > 1 else (names[0] if names else "CPU")
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -656,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         data = p2_suite(args)
     data["wall_s"] = time.monotonic() - t0
+    data["device"] = device_name()
     data["command"] = " ".join(["python -m loadtests.gpu_bench", *(argv if argv is not None else sys.argv[1:])])
     (args.out / f"{args.cmd}.json").write_text(json.dumps(data, indent=1))
     print(report(args.out))
