@@ -48,6 +48,14 @@ class CancelCheck:
         return self._check()
 
 
+def check_interval_s(base_s: float, open_streams: int, checks_per_s: float) -> float:
+    """Seconds between two cancellation checks of one stream: ``base_s``, stretched so that
+    ``open_streams`` streams together check at most ``checks_per_s`` times a second (0: no cap)."""
+    if checks_per_s <= 0:
+        return base_s
+    return max(base_s, open_streams / checks_per_s)
+
+
 class InvalidInput(ValueError):
     """A request input is missing or malformed; the message says what to send."""
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from hybrid_llm.contracts import router as router_contract
 from hybrid_llm.contracts import trtllm, vllm
-from hybrid_llm.contracts.spec import CancelCheck
+from hybrid_llm.contracts.spec import CancelCheck, check_interval_s
 from hybrid_llm.router.config import RouterConfig
 from hybrid_llm.router.detok import IncrementalDetokenizer
 from hybrid_llm.router.health import Health
@@ -140,7 +140,7 @@ class Relay:
         first = None
         stopped = False
         interval, next_send = self.cfg.stream_interval_ms / 1000.0, 0.0
-        cancelled = CancelCheck(lambda: self.transport.is_cancelled(p.sender), self.cancel_interval_s)
+        cancelled = CancelCheck(lambda: self.client_gone(p), self.cancel_interval_s)
         p.last_heard = self.clock()
         with self._live_lock:
             self._live[(id(p), engine)] = p
@@ -221,10 +221,7 @@ class Relay:
         """Seconds between two cancel checks of one stream: ``cancel_check_ms``, stretched so
         that the streams in flight together check at most ``cancel_checks_per_s`` times a
         second (each check is an IPC round trip, as costly as relaying a response)."""
-        base = self.cfg.cancel_check_ms / 1000.0
-        if self.cfg.cancel_checks_per_s <= 0:
-            return base
-        return max(base, len(self._live) / self.cfg.cancel_checks_per_s)
+        return check_interval_s(self.cfg.cancel_check_ms / 1000.0, len(self._live), self.cfg.cancel_checks_per_s)
 
     def _cancelled(self, p: Pending, engine: str, model: str, request_id: str) -> str:
         """End an attempt whose client cancelled: stop the engine request (unless the watcher did)."""
@@ -242,7 +239,7 @@ class Relay:
         with self._live_lock:
             quiet = [(e, p) for (_, e), p in self._live.items() if not p.cancel_seen and now - p.last_heard >= quiet_s]
         for engine, p in quiet:
-            if p.stale(engine) or not self.transport.is_cancelled(p.sender):
+            if p.stale(engine) or not self.client_gone(p):
                 continue
             with p.lock:
                 if p.stale(engine) or p.cancel_seen:
@@ -259,7 +256,19 @@ class Relay:
         that give up while queued must not cost the engine a prefill.
         """
         waited_ms = (self.clock() - p.arrived) * 1000.0
-        return waited_ms >= self.cfg.cancel_check_ms and self.transport.is_cancelled(p.sender)
+        return waited_ms >= self.cfg.cancel_check_ms and self.client_gone(p)
+
+    def client_gone(self, p: Pending) -> bool:
+        """Ask Triton whether ``p``'s client left; never once its stream has ended (then False).
+
+        Python backend r24.10 frees a response factory when its FINAL goes out, and a
+        cancellation query after that makes tritonserver read freed memory: seen on the GPU
+        machine as a SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled at 256 streams,
+        where the quiet-attempt watcher's query raced the relay's FINAL. Queries and sends of
+        one request hold its lock, so neither passes the other.
+        """
+        with p.lock:
+            return not p.ended and self.transport.is_cancelled(p.sender)
 
     def send(self, p: Pending, engine: str, outputs: Mapping[str, np.ndarray] | None, final: bool) -> bool:
         """Send one response of the attempt on ``engine`` unless that attempt was taken off."""

@@ -218,6 +218,18 @@ def test_cancel_check_reads_a_callable_interval_at_each_check():
     assert not check() and len(calls) == 3
 
 
+@pytest.mark.parametrize("open_streams, per_s, expected_s", [
+    (1, 200.0, 0.05),     # few streams: every 50 ms
+    (10, 200.0, 0.05),    # 10 / 200 = 0.05: still the base
+    (256, 200.0, 1.28),   # 256 direct streams share 200 checks a second
+    (256, 0.0, 0.05),     # no cap: the base
+])
+def test_the_check_interval_stretches_with_the_streams_open(open_streams, per_s, expected_s):
+    from hybrid_llm.contracts.spec import check_interval_s
+
+    assert check_interval_s(0.05, open_streams, per_s) == pytest.approx(expected_s)
+
+
 @pytest.mark.parametrize("client_left", [True, False])
 def test_a_request_whose_client_left_while_queued_never_reaches_the_engine(client_left):
     gate = threading.Event()
@@ -477,5 +489,39 @@ def test_a_request_may_pick_its_policy_when_the_server_allows_it():
         assert t.sent["hybrid"]["backend"] == "vllm_backend" and t.sent["forced"]["backend"] == "trtllm"
         assert svc.policy_for(job(policy="round_robin")) is svc.policy_for(job(policy="round_robin"))
         assert svc.policy_for(job()) is svc.policy
+    finally:
+        svc.stop()
+
+
+class FinalGuardTransport(FakeTransport):
+    """Fails a cancellation query on a stream that already got its FINAL: in Python backend
+    r24.10 the parent has freed that response factory (seen: tritonserver SIGSEGV)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.late_queries = []
+
+    def is_cancelled(self, sender):
+        with self.lock:
+            if self.sent.get(sender, {}).get("final") or sender in self.errors:
+                self.late_queries.append(sender)
+        return super().is_cancelled(sender)
+
+
+def test_the_cancel_flag_of_an_ended_stream_is_never_queried():
+    t = FinalGuardTransport(pieces=("a",) * 40)
+    # Every response and every watcher round looks at the flag; 32 streams at once.
+    svc = service(t, policy="vllm_only", cancel_check_ms=1, cancel_checks_per_s=0, vllm_capacity=8)
+    try:
+        senders = [f"s{i}" for i in range(32)]
+        for s in senders:
+            assert svc.admit(job(10, 50.0), s)
+        wait_done(t, senders, timeout=20)
+        time.sleep(0.3)  # watcher rounds after the last FINAL
+        assert t.checks > 0 and t.late_queries == [], len(t.late_queries)
+        from hybrid_llm.router.relay import Pending
+        ended = Pending(job=job(), sender="s0", decision=None, arrived=0.0, ended=True)
+        checks = t.checks
+        assert svc.relay.client_gone(ended) is False and t.checks == checks
     finally:
         svc.stop()
