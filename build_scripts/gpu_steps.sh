@@ -9,7 +9,8 @@
 #   build_scripts/gpu_steps.sh p1|p2       # the benchmark, results into $OUT/<gpu> (or loadtests/results/<gpu>)
 #   build_scripts/gpu_steps.sh peer        # stop the server, start plain vllm serve, same workload + vllm bench
 #
-# Environment: PY (default python3, the host's interpreter), JOBS (stub build), P2_QPS (default 80),
+# Environment: PY (default python3, the host's interpreter), JOBS (stub build), P1_LEVELS, P2_QPS (default 80),
+# P2_POLICIES (default hybrid,round_robin,vllm_only,trtllm_only: one call per policy fits a short call limit),
 # GPU_TAG (the results folder's name; default: the GPU's model from nvidia-smi, e.g. h200).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +58,8 @@ case "${1:-}" in
         curl -s localhost:8002/metrics | grep -E "^(router_|nv_gpu|nv_inference_count|vllm:)" >"$RESULTS/metrics_p1.txt"
         ;;
     p2)
-        "$VPY" -m loadtests.gpu_bench p2 --qps "${P2_QPS:-80}" --duration 12 --repeats 3 --out "$RESULTS"
+        "$VPY" -m loadtests.gpu_bench p2 --qps "${P2_QPS:-80}" --duration 12 --repeats 3 --out "$RESULTS" \
+            --policies "${P2_POLICIES:-hybrid,round_robin,vllm_only,trtllm_only}"
         curl -s localhost:8002/metrics | grep -E "^(router_|nv_gpu)" >"$RESULTS/metrics_p2.txt"
         ;;
     peer)

@@ -111,6 +111,10 @@ def render(profile: str, out: Path, overrides: Mapping[str, str] | None = None,
     known = set(values)
     used: set[str] = set()
     values.update(overrides)
+    mode = values.get("decoupled_mode", "true")
+    if mode not in ("true", "false"):
+        raise RenderError(f"decoupled_mode = {mode!r}: use true (streaming, the default) or false "
+                          "(unary: one response per request, for ModelInfer and HTTP /infer clients)")
     wanted = set(models) if models else set(prof["models"]) or None
     staging = out.with_name(out.name + ".partial")
     if staging.exists():

@@ -5,6 +5,7 @@ Examples:
   python -m client --priority urgent --sla-ms 120 --max-tokens 32 "Write a haiku"
   python -m client --json --protocol http "Hello"          # timings as JSON
   python -m client --model vllm_backend "Hello"             # straight to an engine
+  python -m client --unary "Hello"                          # ModelInfer (a decoupled_mode=false server)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import sys
 
 from hybrid_llm.contracts import PRIORITY_NAMES, GenerationRequest, generate_payload, router_tensors, vllm_tensors
-from .stream import StreamResult, stream_grpc, stream_http
+from .stream import StreamResult, infer, stream_grpc, stream_http
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,16 +35,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--priority", choices=sorted(PRIORITY_NAMES), default="normal")
     p.add_argument("--sla-ms", type=float, help="latency SLA in ms (router input latency_sla_ms)")
     p.add_argument("--no-stream", action="store_true", help="one response instead of a stream")
+    p.add_argument("--unary", action="store_true",
+                   help="gRPC ModelInfer / HTTP /infer (implies --no-stream; needs a decoupled_mode=false server)")
     p.add_argument("--json", action="store_true", help="print the result and timings as JSON")
     p.add_argument("--timeout", type=float, default=300.0)
     a = p.parse_args(argv)
     req = GenerationRequest(
-        prompt=a.prompt, max_tokens=a.max_tokens, stream=not a.no_stream, temperature=a.temperature,
+        prompt=a.prompt, max_tokens=a.max_tokens, stream=not (a.no_stream or a.unary), temperature=a.temperature,
         top_p=a.top_p, top_k=a.top_k, seed=a.seed, stop_words=a.stop,
         priority=PRIORITY_NAMES[a.priority], latency_sla_ms=a.sla_ms,
     )
     printer = None if a.json else _printer()
-    if a.protocol == "grpc":
+    if a.unary:
+        tensors = router_tensors(req) if a.model == "router_bls" else vllm_tensors(req)
+        url = a.url if a.protocol == "grpc" else a.http_url
+        result = infer(url, a.model, tensors, a.protocol, priority=req.priority, timeout_s=a.timeout)
+        if printer is not None and result.ok:
+            sys.stdout.write(result.text)
+    elif a.protocol == "grpc":
         tensors = router_tensors(req) if a.model == "router_bls" else vllm_tensors(req)
         result = stream_grpc(a.url, a.model, tensors, priority=req.priority, timeout_s=a.timeout, on_chunk=printer)
     else:

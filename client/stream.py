@@ -222,6 +222,41 @@ def stream_grpc(
     return result
 
 
+def infer(url: str, model: str, tensors: dict[str, np.ndarray], protocol: str = "grpc", priority: int = 0,
+          request_id: str | None = None, timeout_s: float = 300.0,
+          parameters: dict[str, Any] | None = None) -> StreamResult:
+    """One unary call: gRPC ``ModelInfer`` or HTTP ``/v2/models/<model>/infer`` (a server
+    rendered with ``decoupled_mode=false``; Triton refuses both on decoupled models)."""
+    from tritonclient.utils import InferenceServerException
+
+    if protocol == "grpc":
+        import tritonclient.grpc as mod
+    elif protocol == "http":
+        import tritonclient.http as mod
+    else:
+        raise ValueError(f"protocol must be 'grpc' or 'http', not {protocol!r}")
+    kwargs: dict[str, Any] = {"network_timeout": timeout_s} if protocol == "http" else {}
+    client = mod.InferenceServerClient(url=url, **kwargs)
+    result = StreamResult()
+    t0 = time.monotonic()
+    try:
+        res = client.infer(model, to_infer_inputs(tensors, protocol), request_id=request_id or uuid.uuid4().hex,
+                           priority=priority, parameters=parameters,
+                           **({"client_timeout": timeout_s} if protocol == "grpc" else {}))
+        result.ttft_s = time.monotonic() - t0
+        names = ([o.name for o in res.get_response().outputs] if protocol == "grpc"
+                 else [o["name"] for o in res.get_response().get("outputs", [])])
+        outputs = {n: res.as_numpy(n) for n in names if n in _OUTPUTS}
+        _absorb(result, {k: v for k, v in outputs.items() if v is not None})
+        result.chunk_times_s.append(result.ttft_s)
+    except InferenceServerException as exc:
+        result.error, result.error_code = _message(exc), _error_code(exc)
+    finally:
+        result.e2e_s = time.monotonic() - t0
+        client.close()
+    return result
+
+
 def stream_http(base_url: str, model: str, payload: dict[str, Any], timeout_s: float = 300.0,
                 stream: bool = True) -> StreamResult:
     """POST to Triton's ``generate_stream`` (SSE) or ``generate`` endpoint and collect the result."""

@@ -124,12 +124,23 @@ class Target:
     url: str
     model: str
     contract: str = "router"
+    parameters: tuple[tuple[str, str], ...] = ()  # Triton request parameters of every request
 
     def send(self, sample: SampledRequest, timeout_s: float) -> StreamResult:
         """Stream one request to this target."""
         if self.kind == "openai":
             return stream_openai(self.url, self.model, sample.request, timeout_s)
-        return send(self.url, self.model, sample, self.contract, None, timeout_s)
+        return send(self.url, self.model, sample, self.contract, None, timeout_s,
+                    parameters=dict(self.parameters) or None)
+
+
+def p1_targets(url: str, pin_router: bool) -> list[Target]:
+    """P1's two targets; with ``pin_router`` the router's requests name ``routing_policy:
+    vllm_only``, so both targets end on the same engine (vllm_backend) and the ratio is the
+    router's own cost. Without it the hybrid policy may send them to the trtllm slot."""
+    pin = (("routing_policy", "vllm_only"),) if pin_router else ()
+    return [Target("router", "triton", url, "router_bls", "router", pin),
+            Target("direct", "triton", url, "vllm_backend", "vllm")]
 
 
 def fixed_mix(prompt_tokens: int, output_tokens: int) -> WorkloadMix:
@@ -431,8 +442,11 @@ def p2_suite(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("p2: router_bls does not accept per-request policies; serve with "
                          "--set router_policy_override=true")
     prompts = PromptFactory(load_tokenizer(args.tokenizer))
+    # Policies measured by an earlier call into the same folder are kept (one call per policy
+    # fits a short call limit); a policy measured again replaces its entry.
+    earlier = _load(args.out / "p2.json") or {}
     out: dict[str, Any] = {"settings": {k: str(v) for k, v in vars(args).items() if k != "func"},
-                           "mix": HYBRID_MIX.describe(), "policies": {}}
+                           "mix": HYBRID_MIX.describe(), "policies": dict(earlier.get("policies", {}))}
     for policy in args.policies:
         rounds = []
         for rep in range(args.repeats):
@@ -451,6 +465,7 @@ def p2_suite(args: argparse.Namespace) -> dict[str, Any]:
                   f"SLA {fig['sla_attainment'] or 0:.0%}, goodput {fig['goodput_rps']:.1f}/s, "
                   f"errors {fig['errors']}, backends {fig['backends']}", flush=True)
         out["policies"][policy] = {"rounds": rounds}
+        (args.out / "p2.json").write_text(json.dumps(out, indent=1))  # saved after every policy
     return out
 
 
@@ -635,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     loop.add_argument("--procs", type=int, default=8, help="load processes")
     p1 = sub.add_parser("p1", parents=[common, loop], help="router_bls vs vllm_backend")
     p1.add_argument("--url", default="127.0.0.1:8001")
+    p1.add_argument("--http-url", default="127.0.0.1:8000",
+                    help="where to read router_bls's config (is routing_policy accepted?)")
     p1.add_argument("--metrics-url", default="http://127.0.0.1:8002/metrics")
     peer = sub.add_parser("peer", parents=[common, loop], help="plain vllm serve (OpenAI API)")
     peer.add_argument("--openai-url", default="http://127.0.0.1:8100")
@@ -660,8 +677,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.monotonic()
     if args.cmd == "p1":
-        data = closed_loop_suite([Target("router", "triton", args.url, "router_bls", "router"),
-                                  Target("direct", "triton", args.url, "vllm_backend", "vllm")], args)
+        pin = router_policy_override(args.http_url)
+        if not pin:
+            print("p1: router_bls refuses the routing_policy parameter (policy_override is off): its "
+                  "requests go where the hybrid policy sends them, maybe not to vllm_backend", file=sys.stderr)
+        data = closed_loop_suite(p1_targets(args.url, pin), args)
+        data["router_pinned_to_vllm_backend"] = pin
     elif args.cmd == "frontend":
         data = closed_loop_suite([Target("grpc", "triton", args.url, "router_bls", "router"),
                                   Target("frontend", "openai", args.openai_url, args.model)], args)

@@ -32,6 +32,9 @@ class RouterConfig:
     trtllm_model: str = "trtllm"
     vllm_model: str = "vllm_backend"
     policy: str = "hybrid"
+    # Not a config.pbtxt parameter: router_bls's own transaction policy (the profile's
+    # decoupled_mode). False (unary): one response per request, engines called unary too.
+    decoupled: bool = True
     # Off by default. On, a request may name another policy in its Triton request parameter
     # 'routing_policy' (benchmarks compare policies on one running server: no reload).
     policy_override: bool = False
@@ -218,7 +221,7 @@ def instance_of(instance_name: str, model_config: Mapping[str, Any]) -> tuple[in
 def config_from_parameters(params: Mapping[str, str]) -> RouterConfig:
     """Build and validate the config from config.pbtxt parameters (unknown keys are errors)."""
     defaults = RouterConfig()
-    known = {f.name for f in fields(RouterConfig)}
+    known = {f.name for f in fields(RouterConfig)} - {"decoupled"}
     unknown = sorted(set(params) - known)
     if unknown:
         raise ValueError(f"unknown config.pbtxt parameter(s) {unknown}; known: {sorted(known)}")

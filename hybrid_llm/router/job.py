@@ -120,10 +120,10 @@ def build_job(values: Mapping[str, Any], cfg: RouterConfig, tokenize: Callable[[
     )
 
 
-def engine_request(job: RouterJob, engine: str, end_id: int) -> dict[str, np.ndarray]:
-    """The request for ``engine`` ("trtllm" or "vllm_backend"): always streamed from the
-    engine, input excluded, counts returned; stop words stay with the router."""
-    req = replace(job, stream=True, exclude_input_in_output=True, stop_words=[],
+def engine_request(job: RouterJob, engine: str, end_id: int, stream: bool = True) -> dict[str, np.ndarray]:
+    """The request for ``engine`` ("trtllm" or "vllm_backend"): streamed from the engine
+    (unless the server is unary), input excluded, counts returned; stop words stay with the router."""
+    req = replace(job, stream=stream, exclude_input_in_output=True, stop_words=[],
                   return_num_input_tokens=True, return_num_output_tokens=True)
     if engine == TRTLLM:
         return trtllm.pack(job.prompt_ids, req, end_id, job.bad_words_ids)

@@ -126,7 +126,7 @@ class Relay:
             return "failover" if allow_failover and self.health.other_up(engine) else self.fail(
                 p, engine, f"engine {model} is unavailable (circuit open or not ready)", "UNAVAILABLE")
         request_id = attempt_id(job, engine)
-        inputs = engine_request(job, engine, self.end_id)
+        inputs = engine_request(job, engine, self.end_id, stream=self.cfg.decoupled)
         if engine == TRTLLM:
             outputs, detok = trtllm.OUTPUTS, IncrementalDetokenizer(self.tokenizer)
         else:

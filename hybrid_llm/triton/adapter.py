@@ -49,6 +49,11 @@ def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v.get("string_value", "")) for k, v in params.items()}
 
 
+def is_decoupled(model_config: Mapping[str, Any]) -> bool:
+    """Whether ``config.pbtxt`` makes the model decoupled (``decoupled_mode`` of the profile)."""
+    return bool((model_config.get("model_transaction_policy") or {}).get("decoupled", False))
+
+
 def read_request(request: Any, specs: Sequence[TensorSpec]) -> dict[str, Any]:
     """Parse a Triton request's inputs with a contract spec (raises InvalidInput)."""
     raw: dict[str, np.ndarray] = {}
@@ -90,6 +95,12 @@ def send(sender: Any, outputs: Mapping[str, np.ndarray] | None, final: bool = Fa
         sender.send(flags=final_flag)
     else:
         sender.send(make_response(outputs), flags=final_flag if final else 0)
+
+
+def finish(sender: Any, decoupled: bool) -> None:
+    """End a request that has nothing (more) to send: the FINAL flag alone when decoupled, one
+    empty response when not (a non-decoupled model must answer each request once)."""
+    send(sender, None if decoupled else {}, final=True)
 
 
 def send_error(sender: Any, message: str, code: str = "INTERNAL") -> None:
@@ -242,8 +253,10 @@ def bls_stream(
     output_names: Sequence[str],
     timeout_us: int = 0,
     parameters: Mapping[str, Any] | None = None,
+    decoupled: bool = True,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Call a decoupled engine model through BLS and yield each response's outputs.
+    """Call an engine model through BLS and yield each response's outputs (one response when
+    the engine is not ``decoupled``).
 
     This iterator blocks: run it on a worker thread, never on an event loop.
     """
@@ -257,7 +270,8 @@ def bls_stream(
         kwargs["timeout"] = timeout_us
     if parameters:
         kwargs["parameters"] = dict(parameters)
-    responses = pb_utils.InferenceRequest(**kwargs).exec(decoupled=True)
+    call = pb_utils.InferenceRequest(**kwargs)
+    responses = call.exec(decoupled=True) if decoupled else [call.exec()]
     try:
         for response in responses:
             if response.has_error():
@@ -300,7 +314,9 @@ __all__ = [
     "release_bls_streams",
     "enable_crash_traces",
     "error_response",
+    "finish",
     "is_cancelled",
+    "is_decoupled",
     "make_response",
     "model_parameters",
     "read_request",

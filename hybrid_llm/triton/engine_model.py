@@ -46,6 +46,7 @@ class EngineModelBase:
         self.model_name = args["model_name"]
         self.model_version = str(args.get("model_version", "1"))
         self.params = ta.model_parameters(self.model_config)
+        self.decoupled = ta.is_decoupled(self.model_config)  # false: unary, one response per request
         self.log = ta.Logger(self.log_prefix)
         version_dir = Path(args["model_repository"]) / self.model_version
         engine_args = _load_engine_args(version_dir)
@@ -166,6 +167,14 @@ class EngineModelBase:
         """Stream one job's responses (subclasses override); ``cancelled()`` says when to stop."""
         raise NotImplementedError
 
+    def streams(self, job: Any) -> bool:
+        """Whether the job asks for a streamed answer (subclasses override)."""
+        raise NotImplementedError
+
+    def finish(self, sender: Any) -> None:
+        """End a request with nothing more to send, as this model's transaction policy allows."""
+        ta.finish(sender, self.decoupled)
+
     def cancel_check(self, request: Any, sender: Any) -> Callable[[], bool]:
         """How a request's cancellation is noticed.
 
@@ -202,6 +211,10 @@ class EngineModelBase:
                 continue
             try:
                 job = self.parse(request)
+                if not self.decoupled and self.streams(job):
+                    raise InvalidInput("Streaming is only supported in decoupled mode. This server renders the "
+                                       "models unary (decoupled_mode=false): send the stream input false, or "
+                                       "use a server rendered with decoupled_mode=true to stream")
             except InvalidInput as exc:
                 ta.send_error(sender, f"{self.model_name}: {exc}", "INVALID_ARG")
                 continue

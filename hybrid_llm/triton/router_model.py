@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from hybrid_llm.contracts import router as router_contract
@@ -29,7 +30,8 @@ class RouterModel:
         use_utf8_locale()
         model_config = json.loads(args["model_config"])
         index, count = instance_of(args.get("model_instance_name", ""), model_config)
-        self.cfg = instance_share(config_from_parameters(ta.model_parameters(model_config)), index, count)
+        cfg = config_from_parameters(ta.model_parameters(model_config))
+        self.cfg = replace(instance_share(cfg, index, count), decoupled=ta.is_decoupled(model_config))
         self.log = ta.Logger("[router]" if count == 1 else f"[router {index}/{count}]")
         from transformers import AutoTokenizer
 
@@ -42,7 +44,7 @@ class RouterModel:
                                      tpot_buckets=self.cfg.tpot_buckets_s,
                                      queue_buckets=self.cfg.queue_buckets_s,
                                      instance=None if count == 1 else str(index))
-        self.service = RouterService(self.cfg, TritonTransport(), self.tokenizer, self.metrics,
+        self.service = RouterService(self.cfg, TritonTransport(self.cfg.decoupled), self.tokenizer, self.metrics,
                                      log=self.log.info)
         self.service.start()
         self.log.info(f"policy={self.cfg.policy} fallback={self.cfg.fallback_target} "
@@ -59,6 +61,11 @@ class RouterModel:
             try:
                 values = ta.read_request(request, router_contract.INPUTS)
                 job = build_job(values, self.cfg, self._tokenize, self._tokenize_word)
+                if job.stream and not self.cfg.decoupled:
+                    raise InvalidInput("Streaming is only supported in decoupled mode. This server renders "
+                                       "router_bls unary (decoupled_mode=false): send stream false (ModelInfer, "
+                                       "HTTP /infer or /generate), or use a server rendered with "
+                                       "decoupled_mode=true to stream")
                 parameters = ta.request_parameters(request)
                 unknown = sorted(k for k in parameters if k not in router_contract.KNOWN_PARAMETERS
                                  and not k.startswith("triton_"))

@@ -13,7 +13,14 @@ from hybrid_llm.triton import adapter as ta
 
 
 class TritonTransport:
-    """The router's view of Triton: BLS streams, responses, cancellation."""
+    """The router's view of Triton: BLS streams, responses, cancellation.
+
+    ``decoupled`` is router_bls's transaction policy: when false (a unary server), engines
+    are called unary and every request gets exactly one response.
+    """
+
+    def __init__(self, decoupled: bool = True) -> None:
+        self.decoupled = decoupled
 
     def stream(self, model: str, inputs: Mapping[str, np.ndarray], request_id: str,
                outputs: Sequence[str]) -> Iterator[dict[str, np.ndarray]]:
@@ -21,13 +28,17 @@ class TritonTransport:
         try:
             # The router stops engine requests itself (a ``stop`` request): spare the engine
             # model its per-token cancellation polls.
-            yield from ta.bls_stream(model, inputs, request_id, outputs, parameters={CANCEL_VIA_STOP: True})
+            yield from ta.bls_stream(model, inputs, request_id, outputs, parameters={CANCEL_VIA_STOP: True},
+                                     decoupled=self.decoupled)
         except ta.EngineCallError as exc:
             raise EngineError(str(exc), exc.code) from None
 
     def send(self, sender: Any, outputs: Mapping[str, np.ndarray] | None, final: bool) -> None:
-        """Send a response (or only the FINAL flag)."""
-        ta.send(sender, outputs, final)
+        """Send a response (or only the FINAL flag; a unary request's one empty response)."""
+        if outputs is None and final:
+            ta.finish(sender, self.decoupled)
+        else:
+            ta.send(sender, outputs, final)
 
     def send_error(self, sender: Any, message: str, code: str) -> None:
         """End a stream with an error."""

