@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_llm.contracts.spec import (EXCLUDE_INPUT, NORMAL, PRIORITY, RETURN_COUNTS, STREAM, TEXT_INPUT, TensorSpec,
-                                       scalar_array, text_array)
+from hybrid_llm.contracts.spec import (EXCLUDE_INPUT, NORMAL, PRIORITY, RETURN_COUNTS, STREAM, TEXT_INPUT,
+                                       TRITON_PARAMETERS, TensorSpec, scalar_array, text_array)
 
 INPUTS: tuple[TensorSpec, ...] = (
     TEXT_INPUT,
@@ -65,8 +65,7 @@ SAMPLING_FIELDS: tuple[tuple[str, Any], ...] = (
 # Request parameters (not tensors) router_bls reads; Triton's own are ignored. Any other
 # parameter (e.g. a misspelt key in the JSON of the generate endpoints, which Triton
 # turns into a parameter) gets INVALID_ARG.
-KNOWN_PARAMETERS = frozenset({POLICY_PARAMETER, "priority", "timeout", "sequence_id", "sequence_start",
-                              "sequence_end", "binary_data_output", "headers"})
+KNOWN_PARAMETERS = frozenset({POLICY_PARAMETER, *TRITON_PARAMETERS})
 
 
 @dataclass

@@ -28,6 +28,17 @@ ENGINE_READY = "hybrid_engine_ready"
 # Request parameter set by router_bls on its BLS calls: the caller stops the request with a
 # ``stop`` request, so the engine model does not poll Triton for its cancellation.
 CANCEL_VIA_STOP = "cancel_via_stop"
+# Request parameters Triton itself sets or reads (its clients' ``priority``/``timeout``, sequence
+# batching, the HTTP client's ``binary_data_output`` and ``headers``); names starting with
+# ``triton_`` are Triton's too. Models read any other parameter as their own.
+TRITON_PARAMETERS = frozenset({"priority", "timeout", "sequence_id", "sequence_start", "sequence_end",
+                               "binary_data_output", "headers"})
+
+
+def own_parameters(parameters: "Mapping[str, Any]") -> "dict[str, Any]":
+    """The request parameters meant for the model: Triton's own and ``cancel_via_stop`` left out."""
+    return {k: v for k, v in parameters.items()
+            if k not in TRITON_PARAMETERS and k != CANCEL_VIA_STOP and not k.startswith("triton_")}
 
 
 class CancelCheck:

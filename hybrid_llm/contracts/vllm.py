@@ -17,7 +17,7 @@ import numpy as np
 from hybrid_llm.contracts.router import GenerationRequest
 from hybrid_llm.contracts.sampling import sampling_kwargs_from_json
 from hybrid_llm.contracts.spec import (EXCLUDE_INPUT, NORMAL, PRIORITY, RETURN_COUNTS, STREAM, TEXT_INPUT, InvalidInput,
-                                       TensorSpec, scalar_array, text_array)
+                                       TensorSpec, own_parameters, scalar_array, text_array)
 
 INPUTS: tuple[TensorSpec, ...] = (
     TEXT_INPUT,
@@ -110,8 +110,13 @@ class VllmRequest:
         return int(self.sampling.get("n", 1) or 1)
 
 
-def unpack(v: Mapping[str, Any]) -> VllmRequest:
-    """Validate parsed ``INPUTS`` values (``parse_inputs``) into a request, or raise InvalidInput."""
+def unpack(v: Mapping[str, Any], parameters: Mapping[str, Any] | None = None) -> VllmRequest:
+    """Validate parsed ``INPUTS`` values (``parse_inputs``) into a request, or raise InvalidInput.
+
+    Without a ``sampling_parameters`` tensor the request's own parameters are the sampling
+    parameters, as in Triton's vLLM backend (its generate examples send ``"parameters":
+    {"temperature": 0, ...}``); Triton's parameters and ``stream`` (an input) are left out.
+    """
     priority = NORMAL if v["priority"] is None else v["priority"]
     if v["stop"]:
         return VllmRequest("", {}, False, False, False, False, False, priority, True)
@@ -121,7 +126,8 @@ def unpack(v: Mapping[str, Any]) -> VllmRequest:
         raise InvalidInput(STREAM_WITH_INPUT)
     return VllmRequest(
         prompt=v["text_input"],
-        sampling=sampling_kwargs_from_json(v["sampling_parameters"] or "{}"),
+        sampling=sampling_kwargs_from_json(v["sampling_parameters"] if v["sampling_parameters"] is not None
+                                           else json.dumps(_sampling_from(parameters or {}))),
         stream=bool(v["stream"]),
         exclude_input=bool(v["exclude_input_in_output"]),
         return_finish_reason=bool(v["return_finish_reason"]),
@@ -132,6 +138,10 @@ def unpack(v: Mapping[str, Any]) -> VllmRequest:
         return_cumulative_logprob=bool(v["return_cumulative_logprob"]),
         return_logprobs=bool(v["return_logprobs"]),
     )
+
+
+def _sampling_from(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in own_parameters(parameters).items() if k != "stream"}
 
 
 @dataclass

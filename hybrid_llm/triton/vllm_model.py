@@ -41,7 +41,7 @@ class VllmModel(EngineModelBase):
 
     def parse(self, request: Any) -> VllmRequest:
         """Parse and validate one request."""
-        return vllm.unpack(ta.read_request(request, vllm.INPUTS))
+        return vllm.unpack(ta.read_request(request, vllm.INPUTS), ta.request_parameters(request))
 
     def streams(self, job: VllmRequest) -> bool:
         """The ``stream`` input."""

@@ -127,6 +127,17 @@ def test_vllm_sampling_parameters_edges(params, ok):
             _vllm(**tensor)
 
 
+def test_vllm_request_parameters_are_the_sampling_parameters_without_the_tensor():
+    raw = {"text_input": np.array([b"hi"], object)}
+    params = {"temperature": 0, "max_tokens": "6", "stream": False, "priority": 1, "timeout": 5,
+              "triton_enable_empty_final_response": True, "cancel_via_stop": True}
+    assert vllm.unpack(parse_inputs(raw, vllm.INPUTS), params).sampling == {"temperature": 0.0, "max_tokens": 6}
+    with pytest.raises(InvalidInput, match=r"unknown sampling parameter\(s\) \['temprature'\]"):
+        vllm.unpack(parse_inputs(raw, vllm.INPUTS), {"temprature": 0})
+    tensor = {**raw, "sampling_parameters": np.array([b'{"max_tokens": 3}'], object)}
+    assert vllm.unpack(parse_inputs(tensor, vllm.INPUTS), {"temperature": 0}).sampling == {"max_tokens": 3}
+
+
 def test_vllm_response_as_upstream_sends_it():
     r = _vllm(return_finish_reason=np.array([True]), return_logprobs=np.array([True]),
               return_cumulative_logprob=np.array([True]), return_num_output_tokens=np.array([True]))
