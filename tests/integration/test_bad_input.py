@@ -69,7 +69,7 @@ CASES = {
 
 
 def test_bad_inputs_are_rejected_while_a_long_stream_completes(server):
-    long_req = GenerationRequest("a long story begins " * 20, max_tokens=400, temperature=0.0, latency_sla_ms=50.0)
+    long_req = GenerationRequest("a long story begins " * 20, max_tokens=400, min_tokens=400, temperature=0.0, latency_sla_ms=50.0)
     result = {}
     t = threading.Thread(target=lambda: result.update(
         r=stream_grpc(server.grpc_url, "router_bls", router_tensors(long_req), timeout_s=300)))

@@ -52,7 +52,7 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     # (A prompt the generated model does not end early: "keep talking" sometimes hit EOS
     # within a few tokens.) On a fresh clone the engines' compile caches are cold and the
     # first batch of 6 took 11 s to its first token, so wait on first tokens, not a clock.
-    long_req = GenerationRequest("tell me a long story", max_tokens=3000, temperature=0.0)
+    long_req = GenerationRequest("tell me a long story", max_tokens=3000, min_tokens=3000, temperature=0.0)
     started = threading.Semaphore(0)
 
     def on_chunk(r):

@@ -146,7 +146,7 @@ def test_a_request_marked_cancel_via_stop_is_stopped_by_its_stop_request(server)
     aborted0 = metric_value(scrape(server), "vllm:request_aborted_total", **labels)
     # As long as max_model_len (4096) allows, and the check comes soon after the cancel: CI's
     # machine once had no request running 0.5 s after the cancel.
-    tensors = vllm_tensors(GenerationRequest("tell me a long story", max_tokens=4000, temperature=0.0))
+    tensors = vllm_tensors(GenerationRequest("tell me a long story", max_tokens=4000, min_tokens=4000, temperature=0.0))
     sampling = json.loads(tensors["sampling_parameters"].reshape(-1)[0])
     tensors["sampling_parameters"] = np.array([json.dumps({**sampling, "ignore_eos": True}).encode()],
                                               dtype=np.object_)
@@ -170,7 +170,7 @@ def test_a_request_marked_cancel_via_stop_is_stopped_by_its_stop_request(server)
 
 def test_cancelling_a_trtllm_stream_stops_generation(server):
     r = stream_grpc(server.grpc_url, "trtllm",
-                    trtllm_tensors(PROMPT_IDS, GenerationRequest("", max_tokens=1000, temperature=0.0)),
+                    trtllm_tensors(PROMPT_IDS, GenerationRequest("", max_tokens=1000, min_tokens=1000, temperature=0.0)),
                     cancel_after_chunks=3, timeout_s=60)
     assert r.cancelled and len(r.token_ids) < 1000
     deadline = time.monotonic() + 5

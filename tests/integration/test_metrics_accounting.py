@@ -127,7 +127,7 @@ def test_in_flight_gauge_rises_during_a_stream_and_returns_to_idle(server, tok):
     wait_for(lambda: idle(server), 30, "idle gauges before the stream")
     box: dict[str, StreamResult] = {}
     worker = threading.Thread(target=lambda: box.setdefault(
-        "r", ask(server, prompt_of(tok, 40), latency_sla_ms=100.0, max_tokens=400)))
+        "r", ask(server, prompt_of(tok, 40), latency_sla_ms=100.0, max_tokens=400, min_tokens=400)))
     worker.start()
     try:
         wait_for(lambda: metric_value(scrape(server), "router_in_flight", engine="vllm_backend") == 1,

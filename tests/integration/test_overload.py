@@ -25,7 +25,7 @@ def server():
 
 
 def long_request(server, i: int, **kw):
-    req = GenerationRequest(f"burst {i}: tell me everything", max_tokens=300, temperature=0.0, **kw)
+    req = GenerationRequest(f"burst {i}: tell me everything", max_tokens=300, min_tokens=300, temperature=0.0, **kw)
     return stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=300)
 
 
@@ -36,7 +36,7 @@ def test_cancelled_router_streams_stop_the_engine(server):
     before = scrape(server)
     aborted0 = metric_value(before, "vllm:request_aborted_total", **lab)
     cancelled0 = metric_value(before, "router_cancelled_total", engine="vllm_backend")
-    req = GenerationRequest("cancel me please", max_tokens=800, temperature=0.0, latency_sla_ms=50.0)
+    req = GenerationRequest("cancel me please", max_tokens=800, min_tokens=800, temperature=0.0, latency_sla_ms=50.0)
     with cf.ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda _: stream_grpc(server.grpc_url, "router_bls", router_tensors(req),
                                                       cancel_after_chunks=3, timeout_s=120), range(2)))
@@ -87,7 +87,7 @@ def _bursts_until_refused(send: Callable[[int], StreamResult], n: int, tries: in
 def test_burst_refusals_reach_http_clients_at_once(server):
     # A prompt the generated model does not end early, long enough (600 tokens, 3-4 s
     # alone) to keep the router full while the burst arrives.
-    payload = generate_payload(GenerationRequest("tell me a long story", max_tokens=600, temperature=0.0))
+    payload = generate_payload(GenerationRequest("tell me a long story", max_tokens=600, min_tokens=600, temperature=0.0))
     results = _bursts_until_refused(
         lambda _: stream_http(server.http_url, "router_bls", payload, timeout_s=300), 20)
     rejected = [r for r in results if r.error_code == "UNAVAILABLE"]

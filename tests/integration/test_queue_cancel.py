@@ -30,7 +30,7 @@ from tests.server_fixture import metric_value, running_server, scrape, wait_for
 pytestmark = pytest.mark.integration
 
 VLLM = {"model": "vllm_backend"}
-FILL = GenerationRequest("tell me a long story", max_tokens=1000, temperature=0.0, stream=False)  # ~6 s for 2 at once
+FILL = GenerationRequest("tell me a long story", max_tokens=1000, min_tokens=1000, temperature=0.0, stream=False)  # ~6 s for 2 at once
 # Fills sent straight to vLLM go in URGENT, ahead of the routed NORMAL victim in vLLM's
 # priority queue: the victim waits behind all of them, not just behind those that came
 # first (seen once in CI: a victim that came in behind only 2 was served, 50 tokens,

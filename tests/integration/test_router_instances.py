@@ -57,7 +57,9 @@ def test_requests_are_spread_over_the_instances_and_all_complete(server):
 def test_the_instances_together_keep_the_engine_capacity(server):
     """Long requests on both instances: neither keeps more than its 2 slots in vllm_backend, the
     rest wait in the router queues, and router_in_flight summed over instances never exceeds 4."""
-    fill = router_tensors(GenerationRequest("tell me a long story", max_tokens=600, temperature=0.0, stream=False))
+    # min_tokens: a random model's greedy path may reach EOS early, and short fills never queue
+    fill = router_tensors(GenerationRequest("tell me a long story", max_tokens=600, min_tokens=600, temperature=0.0,
+                                            stream=False))
     peak_instance, peak_total = 0.0, 0.0
     before = scrape(server)
     with cf.ThreadPoolExecutor(10) as pool:

@@ -58,7 +58,7 @@ def test_stream_interval_sends_fewer_responses_with_the_same_text(server):
 def test_kv_pressure_on_vllm_moves_interactive_requests(server):
     assert short(server).backend == "vllm_backend"  # idle: KV usage 0 < watermark
     # Load vLLM directly (not via the router) with long prompts so its KV usage rises.
-    load = GenerationRequest("lorem ipsum dolor sit amet " * 250, max_tokens=600, temperature=0.0)
+    load = GenerationRequest("lorem ipsum dolor sit amet " * 250, max_tokens=600, min_tokens=600, temperature=0.0)
     results: list[StreamResult] = []
     threads = [threading.Thread(target=lambda: results.append(stream_grpc(server.grpc_url, "vllm_backend",
                                                                           vllm_tensors(load), timeout_s=120)))

@@ -117,7 +117,7 @@ def test_a_server_under_load_stops_within_10_s_and_every_stream_ends(serve_run):
     results = []
 
     def stream(i: int) -> None:
-        req = GenerationRequest(f"tell me a long story number {i}", max_tokens=1000, temperature=0.0,
+        req = GenerationRequest(f"tell me a long story number {i}", max_tokens=1000, min_tokens=1000, temperature=0.0,
                                 latency_sla_ms=50.0 if i % 2 else None)
         results.append(stream_grpc(f"127.0.0.1:{serve.grpc}", "router_bls", router_tensors(req), timeout_s=60))
 
