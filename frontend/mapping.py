@@ -128,6 +128,14 @@ def _sla(body: Mapping[str, Any], headers: Mapping[str, str]) -> float | None:
     return value
 
 
+def _min_tokens(body: Mapping[str, Any], max_tokens: Any) -> int | None:
+    """vLLM's extension ``min_tokens``: at least this many tokens before EOS may end the output."""
+    value = _number(body, "min_tokens", 0, 2**31 - 1, integer=True)
+    if value is not None and isinstance(max_tokens, int) and value > max_tokens:
+        raise bad(f"'min_tokens' is {value}; send at most the maximum number of tokens ({max_tokens})", "min_tokens")
+    return value
+
+
 def _stop(body: Mapping[str, Any]) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -177,6 +185,7 @@ def _common(body: Any, headers: Mapping[str, str], defaults: Defaults, kind: str
         latency_sla_ms=_sla(body, headers),
         presence_penalty=_number(body, "presence_penalty", -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0),
+        min_tokens=_min_tokens(body, max_tokens),
     )
     return FrontendRequest(kind, model, gen, stream, include_usage, user if isinstance(user, str) else None)
 

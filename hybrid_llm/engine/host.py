@@ -38,6 +38,7 @@ class IterationSnapshot:
     inter_token_latencies_s: list[float] = field(default_factory=list)
     finished: list["FinishedSnapshot"] = field(default_factory=list)
     n_params: list[int] = field(default_factory=list)  # the n of each request that started this step
+    preemptions: int = 0  # requests preempted in this step
 
 
 @dataclass
@@ -48,6 +49,7 @@ class FinishedSnapshot:
     queued_s: float
     prefill_s: float
     decode_s: float
+    inference_s: float  # scheduled to last token (prefill + decode), vLLM's inference_time
     prompt_tokens: int
     generation_tokens: int
     mean_tpot_s: float
@@ -136,6 +138,7 @@ def _make_stat_logger_factory(sink: EngineStatsSink) -> Callable[..., Any]:
                         queued_s=f.queued_time,
                         prefill_s=f.prefill_time,
                         decode_s=f.decode_time,
+                        inference_s=float(getattr(f, "inference_time", f.prefill_time + f.decode_time)),
                         prompt_tokens=f.num_prompt_tokens,
                         generation_tokens=f.num_generation_tokens,
                         mean_tpot_s=f.mean_time_per_output_token,
@@ -150,6 +153,7 @@ def _make_stat_logger_factory(sink: EngineStatsSink) -> Callable[..., Any]:
                         inter_token_latencies_s=list(iteration_stats.inter_token_latencies_iter),
                         finished=finished,
                         n_params=[int(n) for n in getattr(iteration_stats, "n_params_iter", None) or []],
+                        preemptions=int(getattr(iteration_stats, "num_preempted_reqs", 0) or 0),
                     )
                 )
 

@@ -18,6 +18,7 @@ TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 E2E_BUCKETS = [1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0]
 REQUEST_BUCKETS = [0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0]
 N_BUCKETS = [1, 2, 5, 10, 20]
+ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
 def buckets_1_2_5(limit: int) -> list[int]:
@@ -83,6 +84,12 @@ class VllmMetricsSink(_ReleasableSink):
         ("vllm:num_requests_running", "Number of requests currently running.", "gauge"),
         ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "gauge"),
         ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge"),
+        # The rest of upstream vllm_backend's families (src/utils/metrics.py), under its names.
+        ("vllm:num_preemptions_total", "Number of preemption tokens processed.", "counter"),
+        ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", "histogram"),
+        ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+         "histogram"),
+        ("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", "gauge"),
     )
 
     def __init__(self, writer: MetricWriter, labels: Mapping[str, str], max_model_len: int = 4096) -> None:
@@ -106,6 +113,10 @@ class VllmMetricsSink(_ReleasableSink):
         self.running = m("vllm:num_requests_running")
         self.waiting = m("vllm:num_requests_waiting")
         self.kv_usage = m("vllm:kv_cache_usage_perc")
+        self.preemptions = m("vllm:num_preemptions_total")
+        self.iteration_tokens = m("vllm:iteration_tokens_total", ITERATION_TOKEN_BUCKETS)
+        self.inference = m("vllm:request_inference_time_seconds", REQUEST_BUCKETS)
+        self.cache_usage = m("vllm:gpu_cache_usage_perc")  # upstream's name for the same KV usage
         self.last_scheduler = SchedulerSnapshot()
 
     def on_engine_ready(self, num_kv_blocks: int, block_size: int, max_num_seqs: int) -> None:
@@ -121,6 +132,7 @@ class VllmMetricsSink(_ReleasableSink):
         self.w.set(self.running, snap.num_running)
         self.w.set(self.waiting, snap.num_waiting)
         self.w.set(self.kv_usage, snap.kv_cache_usage)
+        self.w.set(self.cache_usage, snap.kv_cache_usage)
 
     def on_iteration(self, snap: IterationSnapshot) -> None:
         """Count tokens and observe latencies of one engine step."""
@@ -128,6 +140,10 @@ class VllmMetricsSink(_ReleasableSink):
             return
         self.w.inc(self.prompt_tokens, snap.prompt_tokens)
         self.w.inc(self.generation_tokens, snap.generation_tokens)
+        if snap.preemptions:
+            self.w.inc(self.preemptions, snap.preemptions)
+        if snap.prompt_tokens + snap.generation_tokens:
+            self.w.observe(self.iteration_tokens, snap.prompt_tokens + snap.generation_tokens)
         for v in snap.ttfts_s:
             self.w.observe(self.ttft, v)
         for v in snap.inter_token_latencies_s:
@@ -142,6 +158,7 @@ class VllmMetricsSink(_ReleasableSink):
             self.w.observe(self.queue, f.queued_s)
             self.w.observe(self.prefill, f.prefill_s)
             self.w.observe(self.decode, f.decode_s)
+            self.w.observe(self.inference, f.inference_s)
 
     def request_started(self) -> None:
         """A request entered the model."""

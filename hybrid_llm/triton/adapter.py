@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import faulthandler
 import json
-import queue
 import sys
 import threading
 from typing import Any, Iterator, Mapping, Sequence
@@ -17,6 +16,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from hybrid_llm.contracts.spec import InvalidInput, TensorSpec, parse_inputs
+from hybrid_llm.metric_queue import MetricQueue
 from hybrid_llm.triton.holding import DelayedRelease
 
 
@@ -144,7 +144,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.write_errors = 0
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
-        self._queue: "queue.SimpleQueue[tuple[Any, str, float] | None]" = queue.SimpleQueue()
+        self._queue = MetricQueue()  # coalesced: see metric_queue.py for why
         # Writes wait until the model serves its first request: a metric IPC from this
         # thread while initialize() is returning hung the 2.51 stub once (model never
         # became ready). Updates queued before that are applied then.
@@ -197,38 +197,38 @@ class Metrics:
     def inc(self, metric: Any, value: float = 1.0) -> None:
         """Increment a counter or gauge (asynchronously)."""
         if value:
-            self._queue.put((metric, "increment", value))
+            self._queue.increment(metric, value)
 
     def set(self, metric: Any, value: float) -> None:
         """Set a gauge (asynchronously)."""
-        self._queue.put((metric, "set", value))
+        self._queue.set(metric, value)
 
     def observe(self, metric: Any, value: float) -> None:
         """Observe a histogram sample (asynchronously)."""
-        self._queue.put((metric, "observe", value))
+        self._queue.observe(metric, value)
 
     def flush(self, timeout_s: float = 2.0) -> None:
         """Wait until queued updates are written (best effort)."""
-        done = threading.Event()
-        self._queue.put((done, "event", 0.0))
-        done.wait(timeout_s)
+        self._queue.flush_event().wait(timeout_s)
 
     def _drain(self) -> None:
         self._serving.wait()
         while True:
-            item = self._queue.get()
-            if item is None:
+            batch = self._queue.take()
+            for target, op, value in batch.writes:
+                try:
+                    getattr(target, op)(value)
+                except Exception as exc:  # noqa: BLE001 - a metric write must never kill the writer
+                    self.write_errors += 1
+                    if self.write_errors == 1:
+                        Logger("[metrics]").error(f"metric {op}({value!r}) failed: {exc!r}")
+            for done in batch.flushes:
+                done.set()
+            if batch.closing:
+                if self._queue.dropped:
+                    Logger("[metrics]").warn(f"{self._queue.dropped} histogram observations were dropped: "
+                                             "the metric writer fell behind")
                 return
-            target, op, value = item
-            if op == "event":
-                target.set()
-                continue
-            try:
-                getattr(target, op)(value)
-            except Exception as exc:  # noqa: BLE001 - a metric write must never kill the writer
-                self.write_errors += 1
-                if self.write_errors == 1:
-                    Logger("[metrics]").error(f"metric {op}({value!r}) failed: {exc!r}")
 
     def close(self) -> None:
         """Stop the writer thread and release every metric while the stub is alive.
@@ -236,7 +236,7 @@ class Metrics:
         Metric objects left for interpreter shutdown crash the 2.51 stub (segfault in
         ``Metric::Clear``), so they are dropped here, in ``finalize``.
         """
-        self._queue.put(None)
+        self._queue.close()
         self._serving.set()
         self._thread.join(timeout=5)
         self._metrics.clear()

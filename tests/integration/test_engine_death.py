@@ -37,6 +37,11 @@ def server():
         yield s
 
 
+def routes(server) -> list[str]:
+    """The router's route counters (why a request went where it went)."""
+    return [line for line in scrape(server).splitlines() if line.startswith("router_requests_total")]
+
+
 def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     # Serve first, as in production: the engines die after they have been working.
     assert short(server, 199).backend == "vllm_backend"
@@ -54,9 +59,11 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     # first batch of 6 took 11 s to its first token, so wait on first tokens, not a clock.
     long_req = GenerationRequest("tell me a long story", max_tokens=3000, min_tokens=3000, temperature=0.0)
     started = threading.Semaphore(0)
+    first_backends: list[str | None] = []
 
     def on_chunk(r):
         if len(r.chunks) == 1:
+            first_backends.append(r.backend)
             started.release()
 
     streams = cf.ThreadPoolExecutor(IN_FLIGHT)
@@ -66,6 +73,8 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     for _ in range(IN_FLIGHT):
         assert started.acquire(timeout=90), "a long stream got no first token within 90 s"
     assert not any(f.done() for f in in_flight), [f.result().as_dict() for f in in_flight if f.done()]
+    # The kill must land on them: all on vLLM (no SLA: the fallback target), none finished there.
+    assert first_backends == ["vllm_backend"] * IN_FLIGHT, (first_backends, routes(server))
     for pid in cores:
         os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
@@ -87,7 +96,8 @@ def test_sigkilled_engine_fails_over_and_breaker_opens_then_closes(server):
     for r in cut:
         assert r.ok or (r.error_code == "UNAVAILABLE" and "died after" in r.error and r.chunks), r.error
         assert t_submit + r.e2e_s - t0 < 30, "a stream on the dead engine hung"
-    assert any(not r.ok for r in cut), "no stream was cut by the engine's death"
+    assert any(not r.ok for r in cut), ("no stream was cut by the engine's death",
+                                        [(r.backend, r.num_output_tokens, r.e2e_s) for r in cut], routes(server))
     for i in range(14):
         req = GenerationRequest(f"after the kill {i}", max_tokens=8, temperature=0.0, latency_sla_ms=50.0)
         r = stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=30)

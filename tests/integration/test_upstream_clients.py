@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.server_fixture import running_server
+from tests.server_fixture import running_server, scrape, wait_for
 from tests.upstream import (check_router_answer, check_trtllm_answer, check_vllm_answer, e2e_router_request,
                             generate, grpc_stream, ifb_trtllm_request, vllm_sample_request)
 
@@ -113,3 +113,36 @@ def test_vllm_generate_with_request_parameters_as_its_readme_calls_it(server):
     assert status == 200, events
     (event,) = events
     assert event["text_output"] and 1 <= event["num_output_tokens"] <= 5
+
+
+UPSTREAM_VLLM_FAMILIES = (  # vllm_backend src/utils/metrics.py
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+    "vllm:iteration_tokens_total", "vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds", "vllm:request_inference_time_seconds",
+    "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds", "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens", "vllm:request_params_n", "vllm:num_requests_running",
+    "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc",
+)
+
+
+def test_vllm_backend_exports_upstreams_metric_families(server):
+    grpc_stream(server.grpc_url, "vllm_backend", vllm_sample_request(PROMPT, False))
+
+    def n_count() -> list[float]:
+        return [float(line.rsplit(" ", 1)[1]) for line in scrape(server).splitlines()
+                if line.startswith("vllm:request_params_n_count{") and 'model="vllm_backend"' in line]
+
+    # The engine's metric writes are asynchronous: wait until this request's are in.
+    wait_for(lambda: bool(n_count()) and n_count()[0] >= 1, 10, "vllm:request_params_n to count the request")
+    text = scrape(server)
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    missing = [f for f in UPSTREAM_VLLM_FAMILIES if f not in declared]
+    assert not missing, missing
+
+    def bounds(family: str) -> list[str]:
+        return [line.split('le="')[1].split('"')[0] for line in text.splitlines()
+                if line.startswith(family + "_bucket{") and 'model="vllm_backend"' in line]
+
+    assert bounds("vllm:request_params_n") == ["1", "2", "5", "10", "20", "+Inf"]
+    prompt = bounds("vllm:request_prompt_tokens")
+    assert prompt[:6] == ["1", "2", "5", "10", "20", "50"] and prompt[-1] == "+Inf", prompt

@@ -37,6 +37,8 @@ def test_a_completion_maps_each_field_to_the_router_request():
 def test_penalties_reach_the_router_request():
     g = completion(presence_penalty=0.5, frequency_penalty=-1).generation
     assert (g.presence_penalty, g.frequency_penalty) == (0.5, -1)
+    assert completion(min_tokens=4, max_tokens=8).generation.min_tokens == 4
+    assert completion().generation.min_tokens is None
 
 
 def test_completion_defaults_and_echo():
@@ -76,6 +78,7 @@ def test_the_body_wins_over_the_headers():
     ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": "8"}, "max_tokens"), ({"stop": [1]}, "stop"),
     ({"stream": "yes"}, "stream"), ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"logprobs": 2}, "logprobs"), ({"best_of": 2}, "best_of"), ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"min_tokens": 9, "max_tokens": 8}, "min_tokens"), ({"min_tokens": -1}, "min_tokens"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"logit_bias": {"1": 5}}, "logit_bias"), ({"prompt": ""}, "prompt"), ({"prompt": [1, 2]}, "prompt"),
     ({"prompt": ["a", "b"]}, "prompt"), ({"echo": True, "stream": True}, "echo"), ({"model": ""}, "model"),
