@@ -7,6 +7,7 @@
 #                                          # the background (its own session) while the rest arrive
 #   build_scripts/gpu_steps.sh serve       # wait for that setup, finish it, start the server, wait ready
 #   build_scripts/gpu_steps.sh p1|p2       # the benchmark, results into $OUT/<gpu> (or loadtests/results/<gpu>)
+#   build_scripts/gpu_steps.sh frontend    # start the OpenAI frontend, frontend vs gRPC to router_bls (FRONTEND_LEVELS)
 #   build_scripts/gpu_steps.sh peer        # stop the server, start plain vllm serve, same workload + vllm bench
 #
 # Environment: PY (default python3, the host's interpreter), JOBS (stub build), P1_LEVELS, P2_QPS (default 80),
@@ -62,6 +63,21 @@ case "${1:-}" in
             --policies "${P2_POLICIES:-hybrid,round_robin,vllm_only,trtllm_only}"
         curl -s localhost:8002/metrics | grep -E "^(router_|nv_gpu)" >"$RESULTS/metrics_p2.txt"
         ;;
+    frontend)
+        # The OpenAI frontend beside the running server, then the same workload through it and
+        # straight over gRPC to router_bls, in one run.
+        model=models/random-llama-1b
+        "$VPY" -m frontend --model-name random-llama-1b --tokenizer "$model" --port 9000 \
+            >build/gpu-vllm/frontend.log 2>&1 </dev/null &
+        fpid=$!
+        for _ in $(seq 60); do curl -sf localhost:9000/health >/dev/null && break; sleep 1; done
+        curl -sf localhost:9000/health >/dev/null || { tail -30 build/gpu-vllm/frontend.log; kill "$fpid"; exit 1; }
+        "$VPY" -m loadtests.gpu_bench frontend --openai-url http://127.0.0.1:9000 --model random-llama-1b \
+            --levels "${FRONTEND_LEVELS:-1,16,64}" --repeats 3 --duration 8 --procs 8 --tokenizer "$model" \
+            --out "$RESULTS"
+        kill "$fpid"; wait "$fpid" 2>/dev/null
+        tail -5 build/gpu-vllm/frontend.log
+        ;;
     peer)
         "$PY" -m build_scripts.gpu_offline stop
         "$PY" -m build_scripts.gpu_offline peer --timeout 400 || { tail -40 build/gpu-vllm/vllm-serve.log; exit 1; }
@@ -75,7 +91,7 @@ case "${1:-}" in
         "$VPY" -m loadtests.gpu_bench report --out "$RESULTS" >/dev/null
         ;;
     *)
-        sed -n '2,12p' "$0"
+        sed -n '2,13p' "$0"
         exit 2
         ;;
 esac
