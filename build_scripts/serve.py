@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             frontend.stop(grace_s=1.0)
         left = [p for p in server.leftover_pids]
         print(f"[serve] stopped in {time.monotonic() - t_stop:.1f} s; leftover processes: {left or 'none'}; "
-              f"shared-memory regions left: {len(server.shm_regions())}", flush=True)
+              f"shared-memory regions left: {len(server.shm_regions())} ({server.stop_report})", flush=True)
     return 0
 
 

@@ -222,6 +222,14 @@ def stream_grpc(
     return result
 
 
+def stop_grpc(url: str, request_id: str, model: str = "router_bls", timeout_s: float = 10.0) -> StreamResult:
+    """Send a stop request (input ``stop``) for the in-flight request ``request_id``; the
+    result's ``backend`` names the engine it was on ("" when none was in flight)."""
+    from hybrid_llm.contracts.router import pack_stop
+
+    return stream_grpc(url, model, pack_stop(), request_id=request_id, timeout_s=timeout_s)
+
+
 def infer(url: str, model: str, tensors: dict[str, np.ndarray], protocol: str = "grpc", priority: int = 0,
           request_id: str | None = None, timeout_s: float = 300.0,
           parameters: dict[str, Any] | None = None) -> StreamResult:

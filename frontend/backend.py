@@ -12,6 +12,7 @@ import numpy as np
 from client.packing import to_infer_inputs
 from client.stream import error_code_of
 from hybrid_llm.contracts import GenerationRequest, router_tensors
+from hybrid_llm.contracts.router import pack_stop
 
 ROUTER = "router_bls"
 
@@ -63,6 +64,7 @@ class TritonRouter:
     def __init__(self, url: str, model: str = ROUTER) -> None:
         self.url, self.model = url, model
         self._client: Any = None
+        self._stops: set[asyncio.Task] = set()  # stop requests in flight (kept from garbage collection)
 
     @property
     def client(self) -> Any:
@@ -93,7 +95,8 @@ class TritonRouter:
 
         Leaving the iteration early (the HTTP client went away, or the caller stopped)
         cancels the gRPC stream, which router_bls sees as a cancellation and stops the
-        engine request.
+        engine request, and sends a stop request for ``request_id`` on its own task (Triton
+        2.51 does not always pass a stream's cancellation on to the model).
         """
         tensors = router_tensors(GenerationRequest(**{**gen.__dict__, "return_num_input_tokens": True,
                                                       "return_num_output_tokens": True}))
@@ -121,8 +124,35 @@ class TritonRouter:
             done.set()
             if not finished:
                 call.cancel()
+                # Its own task: this generator may be closing inside a cancelled scope.
+                task = asyncio.get_running_loop().create_task(self.stop(request_id))
+                self._stops.add(task)
+                task.add_done_callback(self._stops.discard)
+
+    async def stop(self, request_id: str, timeout_s: float = 10.0) -> str | None:
+        """Stop router_bls's in-flight request ``request_id`` (input ``stop``); the engine it
+        was on, "" when none was in flight, None when the stop request failed."""
+        done = asyncio.Event()
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": self.model, "inputs": to_infer_inputs(pack_stop(), "grpc"), "request_id": request_id}
+            await done.wait()
+
+        call = self.client.stream_infer(requests())
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for result, error in call:
+                    return None if error is not None else (piece_of(result).backend or "")
+        except (TimeoutError, Exception):  # noqa: BLE001 - best effort: the stream's cancel went out too
+            return None
+        finally:
+            done.set()
+            call.cancel()
+        return None
 
     async def close(self) -> None:
-        """Close the channel."""
+        """Close the channel (after the stop requests in flight)."""
+        if self._stops:
+            await asyncio.wait(set(self._stops), timeout=5.0)
         if self._client is not None:
             await self._client.close()

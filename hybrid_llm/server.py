@@ -118,6 +118,7 @@ class TritonServer:
     _known: dict[int, int] = field(default_factory=dict)  # pid -> start time: every process seen below it
     leftover_pids: list[int] = field(default_factory=list)
     orphan_pids: list[int] = field(default_factory=list)
+    stop_report: str = ""  # how the last stop went, phase by phase (make serve prints it)
 
     def __post_init__(self) -> None:
         if not (self.http_port and self.grpc_port and self.metrics_port):
@@ -300,16 +301,22 @@ class TritonServer:
             return 0.0
         self._remember()
         mapped = shm_paths([pid for pid, st in self._known.items() if alive(pid, st)])  # vLLM's queues too: a killed engine leaves them
+        how = "had exited"
+        t_term = time.monotonic()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+            how = "exited on SIGTERM"
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 self._remember()
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+                how = f"SIGKILLed after {grace_s:.1f} s"
+        t_exit = time.monotonic()
         self.orphan_pids = [pid for pid, st in self._known.items() if alive(pid, st)]
         self.leftover_pids = _kill_pids(self.orphan_pids)
+        t_orphans = time.monotonic()
         for region in {*self.shm_regions(), *map(Path, mapped)}:  # the server maps its own regions too
             try:
                 region.unlink()
@@ -317,6 +324,8 @@ class TritonServer:
                 pass
         if self.state_path is not None and not self.leftover_pids:
             self.state_path.unlink(missing_ok=True)
+        self.stop_report = (f"tritonserver {how} ({t_exit - t_term:.1f} s), {len(self.orphan_pids)} processes "
+                            f"left below it killed ({t_orphans - t_exit:.1f} s), {t_term - t0:.1f} s before SIGTERM")
         return time.monotonic() - t0
 
     def __enter__(self) -> "TritonServer":

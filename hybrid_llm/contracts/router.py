@@ -30,6 +30,9 @@ INPUTS: tuple[TensorSpec, ...] = (
     *RETURN_COUNTS,
     PRIORITY,
     TensorSpec("latency_sla_ms", "float"),
+    # tensorrt_llm's ``stop`` (the core model's, not the BLS's): stop the in-flight request
+    # with this request's id; for clients whose stream cancellation may not reach the model.
+    TensorSpec("stop", "bool"),
     # The rest of TensorRT-LLM's tensorrt_llm_bls inputs a text client sends (TensorRT-LLM 0193dbd).
     TensorSpec("bad_words", "text_list"),
     TensorSpec("end_id", "int"),
@@ -118,6 +121,12 @@ def pack(req: GenerationRequest) -> dict[str, np.ndarray]:
     if req.bad_words:
         t["bad_words"] = text_array(req.bad_words)
     return t
+
+
+def pack_stop() -> dict[str, np.ndarray]:
+    """Tensors of a stop request for ``router_bls``: send them with the request id of the
+    request to stop (``text_input`` is required by the config and ignored)."""
+    return {"text_input": text_array([""]), "stop": scalar_array(True, np.bool_)}
 
 
 def generate_payload(req: GenerationRequest) -> dict[str, Any]:

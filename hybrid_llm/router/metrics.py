@@ -21,6 +21,8 @@ FAMILIES = (
     ("router_rejected_total", "Requests refused before routing, by reason.", "counter"),
     ("router_failovers_total", "Requests moved to the other engine before their first token.", "counter"),
     ("router_cancelled_total", "Requests cancelled by the client while streaming or queued in the router.", "counter"),
+    ("router_stop_requests_total", "Stop requests (input stop), by whether they found their request in flight.",
+     "counter"),
     ("router_errors_total", "Requests that ended with an engine error, by engine and code.", "counter"),
     ("router_queue_wait_seconds", "Time in the router queue before dispatch, by priority class.", "histogram"),
     ("router_ttft_seconds", "Time from arrival at the router to the first streamed token.", "histogram"),
@@ -74,6 +76,10 @@ class RouterMetrics:
     def cancelled(self, engine: str) -> None:
         """A client cancelled a stream served by ``engine``."""
         self.w.inc(self._m("router_cancelled_total", {"engine": engine}))
+
+    def stop_requested(self, result: str) -> None:
+        """A stop request arrived (``result``: found, not_found)."""
+        self.w.inc(self._m("router_stop_requests_total", {"result": result}))
 
     def errored(self, engine: str, code: str) -> None:
         """A request on ``engine`` ended with an error."""

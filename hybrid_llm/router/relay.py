@@ -70,6 +70,8 @@ class Pending:
     # the engines on which the quiet-attempt watcher stopped the request (client gone).
     last_heard: float = 0.0
     stopped_on: set = field(default_factory=set)
+    # A stop request (input ``stop``) named this request: it ends as if its client cancelled.
+    stop_asked: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -255,11 +257,14 @@ class Relay:
         ``cancel_check_ms`` (each check is an IPC round trip): under overload, clients
         that give up while queued must not cost the engine a prefill.
         """
+        if p.stop_asked:
+            return True
         waited_ms = (self.clock() - p.arrived) * 1000.0
         return waited_ms >= self.cfg.cancel_check_ms and self.client_gone(p)
 
     def client_gone(self, p: Pending) -> bool:
-        """Ask Triton whether ``p``'s client left; never once its stream has ended (then False).
+        """Ask Triton whether ``p``'s client left (or a stop request named it); never once its
+        stream has ended (then False).
 
         Python backend r24.10 frees a response factory when its FINAL goes out, and a
         cancellation query after that makes tritonserver read freed memory: seen on the GPU
@@ -268,7 +273,7 @@ class Relay:
         one request hold its lock, so neither passes the other.
         """
         with p.lock:
-            return not p.ended and self.transport.is_cancelled(p.sender)
+            return not p.ended and (p.stop_asked or self.transport.is_cancelled(p.sender))
 
     def send(self, p: Pending, engine: str, outputs: Mapping[str, np.ndarray] | None, final: bool) -> bool:
         """Send one response of the attempt on ``engine`` unless that attempt was taken off."""

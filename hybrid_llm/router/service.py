@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable
@@ -67,6 +68,9 @@ class RouterService:
         self._watcher: threading.Thread | None = None
         # An attempt that heard nothing from its engine this long is checked by the watcher.
         self.quiet_s = max(cfg.cancel_check_ms / 1000.0, QUIET_MIN_S)
+        # Admitted requests by request id, for stop requests; an entry goes with its request.
+        self._by_id: weakref.WeakValueDictionary[str, Pending] = weakref.WeakValueDictionary()
+        self._by_id_lock = threading.Lock()
 
     # ---- lifecycle -------------------------------------------------------------------
     def start(self, poll: bool = True) -> None:
@@ -118,7 +122,24 @@ class RouterService:
             self.metrics.rejected("queue_full")
             return False
         self.metrics.routed(decision.engine, decision.reason)
+        with self._by_id_lock:
+            self._by_id[job.request_id] = pending
         return True
+
+    def stop_request(self, request_id: str) -> str | None:
+        """Stop the in-flight request with ``request_id`` (tensorrt_llm's ``stop`` input): it
+        ends as if its client had cancelled, its engine request stopped within a cancel check.
+        Returns the engine it was queued for or streaming on; None when no such request is in
+        flight (it finished, or never reached this router instance)."""
+        with self._by_id_lock:
+            p = self._by_id.get(request_id)
+        if p is None:
+            return None
+        with p.lock:
+            if p.ended:
+                return None
+            p.stop_asked = True
+            return p.current or p.decision.engine
 
     def _on_release(self, ticket: Ticket) -> None:
         self.metrics.queue_wait(ticket.priority, ticket.wait_s)

@@ -60,6 +60,9 @@ class RouterModel:
             sender = request.get_response_sender()
             try:
                 values = ta.read_request(request, router_contract.INPUTS)
+                if values.get("stop"):
+                    self._stop(request, sender)
+                    continue
                 job = build_job(values, self.cfg, self._tokenize, self._tokenize_word)
                 if job.stream and not self.cfg.decoupled:
                     raise InvalidInput("Streaming is only supported in decoupled mode. This server renders "
@@ -82,6 +85,18 @@ class RouterModel:
                 ta.send_error(sender, f"router_bls: the router queue is full ({self.cfg.max_queue} "
                               "requests waiting); retry later or lower the request rate", "UNAVAILABLE")
         return None
+
+    def _stop(self, request: Any, sender: Any) -> None:
+        """A stop request: stop the in-flight request with its id; answer with one empty
+        response whose ``backend`` names the engine that request was on ("" when none was in
+        flight)."""
+        request_id = request.request_id()
+        if not request_id:
+            raise InvalidInput("a stop request (stop true) names the request to stop by its request id; send it "
+                               "with the id of that request (gRPC/ModelInfer 'id')")
+        engine = self.service.stop_request(request_id)
+        self.metrics.stop_requested("found" if engine else "not_found")
+        ta.send(sender, router_contract.pack_response("", self.cfg.model_name(engine) if engine else ""), final=True)
 
     def finalize(self) -> None:
         """Stop background threads and release metrics."""

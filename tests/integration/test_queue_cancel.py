@@ -24,7 +24,7 @@ from typing import Callable
 import pytest
 
 from hybrid_llm.contracts import URGENT, GenerationRequest, router_tensors, vllm_tensors
-from client.stream import StreamResult, stream_grpc
+from client.stream import StreamResult, stop_grpc, stream_grpc
 from tests.server_fixture import metric_value, running_server, scrape, wait_for
 
 pytestmark = pytest.mark.integration
@@ -160,3 +160,27 @@ def test_a_request_cancelled_while_waiting_in_the_engine_queue_is_stopped_there(
     text = scrape(server)
     assert metric_value(text, "vllm:request_aborted_total", **VLLM) == aborted0 + 1
     assert metric_value(text, "router_cancelled_total", engine="vllm_backend") == cancelled0 + 1
+
+
+def test_a_stop_request_ends_a_stream_and_its_engine_request(server):
+    before = scrape(server)
+    aborted0 = metric_value(before, "vllm:request_aborted_total", **VLLM)
+    found0 = metric_value(before, "router_stop_requests_total", result="found")
+    missed0 = metric_value(before, "router_stop_requests_total", result="not_found")
+    streaming = threading.Event()
+    req = GenerationRequest("tell me a long story", max_tokens=1000, min_tokens=1000, temperature=0.0)
+    with cf.ThreadPoolExecutor(1) as pool:
+        victim = pool.submit(stream_grpc, server.grpc_url, "router_bls", router_tensors(req), request_id="stop-me",
+                             timeout_s=120, on_chunk=lambda r: len(r.chunks) >= 3 and streaming.set())
+        assert streaming.wait(60), victim.result() if victim.done() else "no chunks within 60 s"
+        assert stop_grpc(server.grpc_url, "no-such-request").backend == ""
+        stopped = stop_grpc(server.grpc_url, "stop-me")
+        assert stopped.ok and stopped.backend == "vllm_backend", stopped.as_dict()
+        result = victim.result(timeout=30)
+    assert result.ok and not result.cancelled, result.as_dict()  # the stream ended with its FINAL
+    assert len(result.chunks) < 1000, len(result.chunks)
+    wait_for(lambda: metric_value(scrape(server), "vllm:request_aborted_total", **VLLM) >= aborted0 + 1, 30,
+             "vLLM to abort the stopped request")
+    counts = lambda: (metric_value(t := scrape(server), "router_stop_requests_total", result="found") - found0,  # noqa: E731
+                      metric_value(t, "router_stop_requests_total", result="not_found") - missed0)
+    wait_for(lambda: counts() == (1, 1), 15, "router_stop_requests_total to count one found and one not found")

@@ -50,7 +50,7 @@ TRITON_FAMILIES = (
 )
 # Families the router creates on the first event (errors, failovers...): no series before that.
 EVENT_FAMILIES = frozenset({"router_rejected_total", "router_failovers_total", "router_cancelled_total",
-                            "router_errors_total"})
+                            "router_errors_total", "router_stop_requests_total"})
 # Stand-ins for Grafana's variables when an expression runs outside Grafana.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "15s", "$__range": "1h"}
 

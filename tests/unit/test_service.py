@@ -525,3 +525,60 @@ def test_the_cancel_flag_of_an_ended_stream_is_never_queried():
         assert svc.relay.client_gone(ended) is False and t.checks == checks
     finally:
         svc.stop()
+
+
+class SlowTransport(FakeTransport):
+    """vllm_backend streams one piece every 20 ms until a stop request for the stream arrives."""
+
+    def __init__(self):
+        super().__init__(pieces=("a",) * 500)
+        self.first = threading.Event()
+
+    def stream(self, model, inputs, request_id, outputs):
+        if "stop" in inputs:
+            return super().stream(model, inputs, request_id, outputs)
+        stops = len(self.stops)
+
+        def gen():
+            for piece in super(SlowTransport, self)._gen(model, inputs):
+                if len(self.stops) > stops:
+                    return
+                self.first.set()
+                yield piece
+                time.sleep(0.02)
+        with self.lock:
+            self.started.append(request_id)
+        return gen()
+
+
+def test_a_stop_request_ends_a_streaming_request_and_stops_its_engine_request():
+    t = SlowTransport()
+    svc = service(t, policy="vllm_only", cancel_check_ms=20, cancel_checks_per_s=0)
+    try:
+        assert svc.admit(job(10, 50.0, request_id="r-1"), "x")
+        assert t.first.wait(5)
+        assert svc.stop_request("r-2") is None  # no such request in flight
+        assert svc.stop_request("r-1") == "vllm_backend"
+        wait_done(t, ["x"])
+        assert t.sent["x"]["final"] and len(t.sent["x"]["text"]) < 500
+        assert [m for m, _ in t.stops] == ["vllm_backend"]
+        assert svc.stop_request("r-1") is None  # it has ended
+    finally:
+        svc.stop()
+
+
+def test_a_stop_request_for_a_queued_request_keeps_it_from_the_engine():
+    gate = threading.Event()
+    t = FakeTransport(gate=gate, pieces=("ab",))
+    svc = service(t, policy="vllm_only", vllm_capacity=1, cancel_check_ms=10_000)  # no queue check by time
+    try:
+        assert svc.admit(job(10, 50.0, request_id="first"), "first")
+        assert svc.admit(job(10, 50.0, request_id="queued"), "queued")
+        assert svc.stop_request("queued") == "vllm_backend"
+        gate.set()
+        wait_done(t, ["first", "queued"])
+        assert t.sent["queued"] == {"text": "", "final": True, "backend": None}
+        assert t.started == [t.started[0]] and t.sent["first"]["backend"] == "vllm_backend"
+    finally:
+        gate.set()
+        svc.stop()
