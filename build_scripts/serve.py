@@ -13,6 +13,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,10 +107,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"-d '{{\"model\": \"{args.served_model_name}\", \"prompt\": \"Hello\"}}'", flush=True)
         print("[serve] Ctrl-C to stop", flush=True)
         recorded = watched = time.monotonic()
+        recorder: threading.Thread | None = None
         detector = HangDetector(args.hang_bound_s)
         while not stopping["flag"]:
-            if time.monotonic() - recorded > 5:  # engine restarts start new processes
-                server.record_state()
+            if time.monotonic() - recorded > 5 and not (recorder and recorder.is_alive()):
+                # engine restarts start new processes; on its own thread, since reading busy
+                # processes' /proc maps took seconds under load and a SIGTERM waited for it
+                recorder = threading.Thread(target=server.record_state, name="record-state", daemon=True)
+                recorder.start()
                 recorded = time.monotonic()
             if time.monotonic() - watched >= 1.0:
                 watched = time.monotonic()

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sysconfig
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -119,6 +120,11 @@ class TritonServer:
     leftover_pids: list[int] = field(default_factory=list)
     orphan_pids: list[int] = field(default_factory=list)
     stop_report: str = ""  # how the last stop went, phase by phase (make serve prints it)
+    # Shared-memory files seen mapped by the server's processes (record_state), and a lock
+    # that keeps a background record_state from writing the state file once a stop began.
+    _shm_seen: set = field(default_factory=set)
+    _state_lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopping: bool = False
 
     def __post_init__(self) -> None:
         if not (self.http_port and self.grpc_port and self.metrics_port):
@@ -175,6 +181,8 @@ class TritonServer:
             clean_stale_run(self.state_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
+        with self._state_lock:
+            self._stopping, self._shm_seen = False, set()
         self.proc = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT,
             env=self.env if self.env is not None else server_environment(venv=self.venv, runtime=self.runtime,
@@ -192,13 +200,18 @@ class TritonServer:
         self._remember()
         server = [[self.proc.pid, st]] if (st := start_time(self.proc.pid)) is not None else []
         live = [pid for pid, st in self._known.items() if alive(pid, st)]
-        state = {"prefix": self.shm_prefix,
-                 "processes": server + [[pid, self._known[pid]] for pid in sorted(live)],
-                 "shm": sorted({*shm_paths([self.proc.pid, *live]), *map(str, self.shm_regions())})}
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(self.state_path)
+        mapped = shm_paths([self.proc.pid, *live])  # reads /proc/*/maps: seconds for busy vLLM processes
+        with self._state_lock:
+            if self._stopping:
+                return
+            self._shm_seen.update(mapped)
+            state = {"prefix": self.shm_prefix,
+                     "processes": server + [[pid, self._known[pid]] for pid in sorted(live)],
+                     "shm": sorted({*self._shm_seen, *map(str, self.shm_regions())})}
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.state_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(state))
+            tmp.replace(self.state_path)
 
     def is_ready(self) -> bool:
         """True when /v2/health/ready answers 200."""
@@ -299,8 +312,14 @@ class TritonServer:
         t0 = time.monotonic()
         if self.proc is None:
             return 0.0
+        with self._state_lock:
+            self._stopping = True
         self._remember()
-        mapped = shm_paths([pid for pid, st in self._known.items() if alive(pid, st)])  # vLLM's queues too: a killed engine leaves them
+        # The files the processes map (vLLM's queues too: a killed engine leaves them). Read
+        # from /proc/*/maps, which took 5 s under load before SIGTERM went out: a server that
+        # records its state (make serve, every 5 s) uses what it recorded; else scan now.
+        mapped = (set(self._shm_seen) if self._shm_seen
+                  else shm_paths([pid for pid, st in self._known.items() if alive(pid, st)]))
         how = "had exited"
         t_term = time.monotonic()
         if self.proc.poll() is None:
