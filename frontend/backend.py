@@ -90,6 +90,17 @@ class TritonRouter:
         except Exception:  # noqa: BLE001 - down or unreachable
             return False
 
+    def _one_request(self, tensors: dict[str, np.ndarray], request_id: str) -> tuple[Any, asyncio.Event]:
+        """A gRPC stream carrying one router_bls request, held open until the returned event is
+        set (after the final response, or when the caller gives up); returns (call, event)."""
+        done = asyncio.Event()
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": self.model, "inputs": to_infer_inputs(tensors, "grpc"), "request_id": request_id}
+            await done.wait()
+
+        return self.client.stream_infer(requests()), done
+
     async def generate(self, gen: GenerationRequest, request_id: str) -> AsyncIterator[Piece]:
         """Yield router_bls's responses until its final one; RouterError on an error response.
 
@@ -100,13 +111,7 @@ class TritonRouter:
         """
         tensors = router_tensors(GenerationRequest(**{**gen.__dict__, "return_num_input_tokens": True,
                                                       "return_num_output_tokens": True}))
-        done = asyncio.Event()
-
-        async def requests() -> AsyncIterator[dict[str, Any]]:
-            yield {"model_name": self.model, "inputs": to_infer_inputs(tensors, "grpc"), "request_id": request_id}
-            await done.wait()  # keep the stream open until the final response is in
-
-        call = self.client.stream_infer(requests())
+        call, done = self._one_request(tensors, request_id)
         finished = False
         try:
             async for result, error in call:
@@ -132,18 +137,12 @@ class TritonRouter:
     async def stop(self, request_id: str, timeout_s: float = 10.0) -> str | None:
         """Stop router_bls's in-flight request ``request_id`` (input ``stop``); the engine it
         was on, "" when none was in flight, None when the stop request failed."""
-        done = asyncio.Event()
-
-        async def requests() -> AsyncIterator[dict[str, Any]]:
-            yield {"model_name": self.model, "inputs": to_infer_inputs(pack_stop(), "grpc"), "request_id": request_id}
-            await done.wait()
-
-        call = self.client.stream_infer(requests())
+        call, done = self._one_request(pack_stop(), request_id)
         try:
             async with asyncio.timeout(timeout_s):
                 async for result, error in call:
                     return None if error is not None else (piece_of(result).backend or "")
-        except (TimeoutError, Exception):  # noqa: BLE001 - best effort: the stream's cancel went out too
+        except Exception:  # noqa: BLE001 - best effort (a timeout too): the stream's cancel went out too
             return None
         finally:
             done.set()

@@ -197,9 +197,13 @@ class TritonServer:
         """Write this run's processes (pid, start time) and shared-memory files to ``state_path``."""
         if self.state_path is None or self.proc is None:
             return
-        self._remember()
+        # _known is read by stop() on another thread (make serve records on a background one)
+        with self._state_lock:
+            if self._stopping:
+                return
+            self._remember()
+            live = [pid for pid, st in self._known.items() if alive(pid, st)]
         server = [[self.proc.pid, st]] if (st := start_time(self.proc.pid)) is not None else []
-        live = [pid for pid, st in self._known.items() if alive(pid, st)]
         mapped = shm_paths([self.proc.pid, *live])  # reads /proc/*/maps: seconds for busy vLLM processes
         with self._state_lock:
             if self._stopping:
