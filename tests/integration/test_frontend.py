@@ -165,8 +165,17 @@ def test_a_disconnect_mid_stream_stops_generation_in_the_engine(stack):
             chunks += line.startswith("data: {")
             if chunks >= 3:
                 break  # leaving the block closes the connection mid-stream
-    wait_for(lambda: metric_value(scrape(server), "vllm:request_aborted_total", **VLLM) >= aborted0 + 1, 30,
-             "the engine to abort the request")
+    try:
+        wait_for(lambda: metric_value(scrape(server), "vllm:request_aborted_total", **VLLM) >= aborted0 + 1, 30,
+                 "the engine to abort the request")
+    except AssertionError as exc:  # say how far the disconnect got: router cancel, stop request, tokens
+        text = scrape(server)
+        raise AssertionError(
+            f"{exc}; since the request: router_cancelled_total +"
+            f"{metric_value(text, 'router_cancelled_total', engine='vllm_backend') - cancelled0:.0f}, "
+            f"router_stop_requests_total {[l for l in text.splitlines() if l.startswith('router_stop')]}, "
+            f"vllm:generation_tokens_total +{metric_value(text, 'vllm:generation_tokens_total', **VLLM) - gen0:.0f}, "
+            f"vllm:num_requests_running {metric_value(text, 'vllm:num_requests_running', **VLLM):.0f}") from None
     wait_for(lambda: metric_value(scrape(server), "router_cancelled_total", engine="vllm_backend") >= cancelled0 + 1,
              30, "the router to count the cancellation")
     time.sleep(1.0)
