@@ -66,11 +66,21 @@ def idle(server) -> bool:
     return not any(busy) and not any(depth) and not any(kv)
 
 
+def settled(server) -> bool:
+    """Every router gauge idle, and every routed request's end-to-end observation written (the
+    metric writer flushes gauges, counters and observations in rounds: a scrape between them
+    once saw a request's e2e sample missing from the baseline)."""
+    text = scrape(server)
+    routed = sum(metric_value(text, "router_requests_total", engine=e) for e in ENGINES)
+    ended = sum(metric_value(text, "router_e2e_seconds_count", engine=e) for e in ENGINES)
+    return idle(server) and ended == routed
+
+
 def test_counters_histograms_and_gauges_account_for_every_request(server, tok):
     # Warm both engines so the poller runs and the families exist before the baseline.
     assert ask(server, prompt_of(tok, 30), latency_sla_ms=100.0).ok
     assert ask(server, prompt_of(tok, 2048)).ok
-    wait_for(lambda: idle(server), 30, "idle gauges before the baseline")
+    wait_for(lambda: settled(server), 30, "idle gauges and every e2e sample written before the baseline")
     before = scrape(server)
 
     # Known traffic: (prompt tokens, SLA, priority) -> expected engine and rule.
@@ -91,7 +101,7 @@ def test_counters_histograms_and_gauges_account_for_every_request(server, tok):
     bad = [ask(server, ""), ask(server, "hello", priority=7)]
     assert all(r.error_code == "INVALID_ARG" for r in bad), [r.error for r in bad]
 
-    wait_for(lambda: idle(server), 30, "idle gauges after the load")
+    wait_for(lambda: settled(server), 30, "idle gauges and every e2e sample written after the load")
     after = scrape(server)
 
     for engine in ENGINES:
