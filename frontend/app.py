@@ -185,12 +185,14 @@ async def _unary(request: Request, req: m.FrontendRequest, first: Piece,
         while not task.done():
             await asyncio.wait({task}, timeout=0.25)
             if not task.done() and await request.is_disconnected():
-                task.cancel()
-                await pieces.aclose()
+                task.cancel()  # the generator's own cancel and stop run as the task unwinds
+                await asyncio.gather(task, return_exceptions=True)
                 return _error(m.ApiError(499, "the client closed the request", "server_error", code="cancelled"))
         task.result()
     except RouterError as err:
         return _error(m.http_error_of(err.code, err.message))
+    finally:
+        await pieces.aclose()  # now, not at garbage collection (a left client's stop goes out here)
     return JSONResponse(m.response_body(req, out), headers={m.ENGINE_HEADER: out.backend or ""})
 
 

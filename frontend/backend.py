@@ -4,6 +4,8 @@ request, no thread per request or token (tritonclient.grpc.aio)."""
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
@@ -120,9 +122,11 @@ class TritonRouter:
                     message = str(error.message() if hasattr(error, "message") else error)
                     raise RouterError(message, error_code_of(message))
                 piece = piece_of(result)
+                # Marked before the yield: a caller that stops iterating after the final piece
+                # (and closes this generator there) has left nothing to stop.
+                finished = finished or piece.last
                 yield piece
                 if piece.last:
-                    finished = True
                     return
             finished = True
         finally:
@@ -130,9 +134,17 @@ class TritonRouter:
             if not finished:
                 call.cancel()
                 # Its own task: this generator may be closing inside a cancelled scope.
-                task = asyncio.get_running_loop().create_task(self.stop(request_id))
+                task = asyncio.get_running_loop().create_task(self._stop_left(request_id))
                 self._stops.add(task)
                 task.add_done_callback(self._stops.discard)
+
+    async def _stop_left(self, request_id: str) -> None:
+        """Stop the request of a client that left, and log what the stop found."""
+        t0 = time.monotonic()
+        engine = await self.stop(request_id)
+        found = "failed" if engine is None else (f"stopped on {engine}" if engine else "not in flight")
+        print(f"[frontend] request {request_id}: the client left; stream cancelled, stop request "
+              f"{found} ({time.monotonic() - t0:.2f} s)", file=sys.stderr, flush=True)
 
     async def stop(self, request_id: str, timeout_s: float = 10.0) -> str | None:
         """Stop router_bls's in-flight request ``request_id`` (input ``stop``); the engine it

@@ -375,6 +375,14 @@ def prepare_child(nice: int = 0) -> None:
         pass
     if nice:
         os.nice(nice)
+        # A new session is a new scheduler autogroup, and niceness only ranks tasks inside
+        # their autogroup: without this the whole server weighs as much as any client
+        # session and the kernel starves clients for over a second while vLLM generates.
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(nice))
+        except OSError:
+            pass  # no autogroups (CONFIG_SCHED_AUTOGROUP off or disabled): niceness already applies
 
 
 def _kill_pids(pids: Iterable[int], wait_s: float = 5.0) -> list[int]:

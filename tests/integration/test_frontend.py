@@ -23,12 +23,19 @@ MODEL = "tiny-llama"
 SHORT = "the quick brown fox jumps over the lazy dog"
 VLLM = {"model": "vllm_backend"}
 HANG_BOUND_S = 4.0
+# Long enough (~8 s on this box) that the request is still generating when the client leaves:
+# on 2 shared cores the kernel was seen to run no client process for up to ~1.8 s while vLLM
+# generated, and 1,000 tokens took ~2.5 s, so a 1,000-token stream could end before the
+# client had read its third chunk (CI: the stop request then found nothing in flight).
+LONG_TOKENS = 4000
 
 
 @pytest.fixture(scope="module")
 def stack():
     # Fallback trtllm: a short prompt with an SLA goes to vllm_backend, one without to trtllm.
-    with running_server("frontend", overrides={"router_fallback_target": "trtllm"}) as server:
+    # router_max_tokens_limit: the disconnect test's stream must outlast a starved test process
+    with running_server("frontend", overrides={"router_fallback_target": "trtllm",
+                                               "router_max_tokens_limit": str(LONG_TOKENS)}) as server:
         (port,) = free_ports(1)
         with FrontendProcess(server.grpc_url, port, MODEL, ROOT / "models" / MODEL,
                              BUILD / "frontend" / "frontend.log", nice=SERVER_NICE, metrics_url=server.metrics_url,
@@ -156,7 +163,8 @@ def test_a_disconnect_mid_stream_stops_generation_in_the_engine(stack):
     cancelled0 = metric_value(before, "router_cancelled_total", engine="vllm_backend")
     gen0 = metric_value(before, "vllm:generation_tokens_total", **VLLM)
     # min_tokens (vLLM's extension): a random model's greedy path may reach EOS before the disconnect
-    body = {"model": MODEL, "prompt": "tell me a long story", "max_tokens": 1000, "min_tokens": 1000, "temperature": 0,
+    body = {"model": MODEL, "prompt": "tell me a long story", "max_tokens": LONG_TOKENS, "min_tokens": LONG_TOKENS,
+            "temperature": 0,
             "stream": True, "latency_sla_ms": 50}
     chunks = 0
     with httpx.stream("POST", f"{fe.url}/v1/completions", json=body, timeout=60) as r:
@@ -180,7 +188,7 @@ def test_a_disconnect_mid_stream_stops_generation_in_the_engine(stack):
              30, "the router to count the cancellation")
     time.sleep(1.0)
     generated = metric_value(scrape(server), "vllm:generation_tokens_total", **VLLM) - gen0
-    assert generated < 1000, generated
+    assert generated < LONG_TOKENS, generated
     assert metric_value(scrape(server), "vllm:num_requests_running", **VLLM) == 0
 
 

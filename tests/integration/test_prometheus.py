@@ -42,6 +42,10 @@ MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-llama"
 OUT = BUILD / "prometheus"
 SHORT_TOKENS, LONG_TOKENS = 40, 2048
 PRIORITIES = (1, 2, 3)
+# The cancelled stream's length: ~7 s here, so it is still generating when the client's cancel
+# lands even if the kernel ran no client process for ~2 s meanwhile (seen on 2 shared cores,
+# where an 800-token stream once ended before its cancel: CI, router_cancelled_total stayed 0).
+CANCEL_TOKENS = 3000
 
 
 def _die_with_parent() -> None:
@@ -143,7 +147,8 @@ def _server_total(text: str, family: str) -> float:
 
 @pytest.fixture(scope="module")
 def server():
-    with running_server("prometheus") as s:
+    # router_max_tokens_limit: the cancelled stream must outlast a starved test process
+    with running_server("prometheus", overrides={"router_max_tokens_limit": str(CANCEL_TOKENS)}) as s:
         yield s
 
 
@@ -191,7 +196,8 @@ def wave(server: Any, tok: Any) -> dict[str, int]:
     # long enough that the router sees the cancel before the engine finishes (it checks every 50 ms);
     # min_tokens, because a random model's greedy path may reach EOS early, and a prefix-cache hit
     # in the second wave can change that path
-    req = GenerationRequest(short, max_tokens=800, min_tokens=800, temperature=0.0, latency_sla_ms=50.0)
+    req = GenerationRequest(short, max_tokens=CANCEL_TOKENS, min_tokens=CANCEL_TOKENS, temperature=0.0,
+                            latency_sla_ms=50.0)
     cancelled = stream_grpc(server.grpc_url, "router_bls", router_tensors(req), timeout_s=180,
                             cancel_after_chunks=1)
     assert cancelled.cancelled
