@@ -366,7 +366,7 @@ class TritonServer:
 
 def prepare_child(nice: int = 0) -> None:
     """In the child: get SIGTERM when the launching process dies (no orphaned servers), and
-    add ``nice`` to its niceness."""
+    add ``nice`` to its niceness (and to its autogroup's, when it leads a session of its own)."""
     import ctypes
 
     try:
@@ -374,15 +374,17 @@ def prepare_child(nice: int = 0) -> None:
     except OSError:
         pass
     if nice:
-        os.nice(nice)
+        niceness = os.nice(nice)
         # A new session is a new scheduler autogroup, and niceness only ranks tasks inside
         # their autogroup: without this the whole server weighs as much as any client
         # session and the kernel starves clients for over a second while vLLM generates.
-        try:
-            with open("/proc/self/autogroup", "w") as f:
-                f.write(str(nice))
-        except OSError:
-            pass  # no autogroups (CONFIG_SCHED_AUTOGROUP off or disabled): niceness already applies
+        # A child in its launcher's session shares the launcher's autogroup: leave that alone.
+        if os.getsid(0) == os.getpid():
+            try:
+                with open("/proc/self/autogroup", "w") as f:
+                    f.write(str(niceness))
+            except OSError:
+                pass  # no autogroups (CONFIG_SCHED_AUTOGROUP off or disabled): niceness already applies
 
 
 def _kill_pids(pids: Iterable[int], wait_s: float = 5.0) -> list[int]:
