@@ -57,9 +57,9 @@ def delta(before: str, after: str, name: str, **labels: str) -> float:
     return metric_value(after, name, **labels) - metric_value(before, name, **labels)
 
 
-def idle(server) -> bool:
-    """Every router gauge at its idle value."""
-    text = scrape(server)
+def idle(server, text: str | None = None) -> bool:
+    """Every router gauge at its idle value (in ``text``, else in a new scrape)."""
+    text = scrape(server) if text is None else text
     busy = [metric_value(text, "router_in_flight", engine=e) for e in ENGINES]
     depth = [metric_value(text, "router_queue_depth", priority=c) for c in CLASSES.values()]
     kv = [metric_value(text, "router_kv_cache_usage", engine=e) for e in ENGINES]
@@ -73,7 +73,7 @@ def settled(server) -> bool:
     text = scrape(server)
     routed = sum(metric_value(text, "router_requests_total", engine=e) for e in ENGINES)
     ended = sum(metric_value(text, "router_e2e_seconds_count", engine=e) for e in ENGINES)
-    return idle(server) and ended == routed
+    return idle(server, text) and ended == routed
 
 
 def test_counters_histograms_and_gauges_account_for_every_request(server, tok):
