@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import signal
 import sys
 import threading
 from typing import Any, Iterator, Mapping, Sequence
@@ -31,12 +32,14 @@ class EngineCallError(RuntimeError):
 
 
 def enable_crash_traces() -> None:
-    """On a fatal signal in the stub, write every thread's Python stack to the server log."""
+    """On a fatal signal in the stub, and on SIGUSR1 (a stalled stub), write every thread's
+    Python stack to the server log; SIGUSR1 leaves the stub running."""
     if faulthandler.is_enabled():
         return
     try:
         faulthandler.enable(file=sys.stderr, all_threads=True)
-    except (AttributeError, ValueError, OSError):  # no usable stderr in this stub
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+    except (AttributeError, ValueError, OSError, RuntimeError):  # no usable stderr in this stub
         pass
 
 def _code(name: str) -> Any:
