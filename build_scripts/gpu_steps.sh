@@ -8,7 +8,7 @@
 #   build_scripts/gpu_steps.sh serve       # wait for that setup, finish it, start the server, wait ready
 #   build_scripts/gpu_steps.sh p1|p2       # the benchmark, results into $OUT/<gpu> (or loadtests/results/<gpu>)
 #   build_scripts/gpu_steps.sh frontend    # start the OpenAI frontend, frontend vs gRPC to router_bls (FRONTEND_LEVELS)
-#   build_scripts/gpu_steps.sh probe       # a level that stalls: gauges every 2 s, stub stacks (SIGUSR1) into the log
+#   build_scripts/gpu_steps.sh probe       # a level that stalls: one short round, gauges every 2 s
 #   build_scripts/gpu_steps.sh peer        # stop the server, start plain vllm serve, same workload + vllm bench
 #
 # Environment: PY (default python3, the host's interpreter), JOBS (stub build), P1_LEVELS, P2_QPS (default 80),
@@ -81,18 +81,14 @@ case "${1:-}" in
         ;;
     probe)
         # For a level that stalls: one round of PROBE_LEVELS (default 256) streams per target with
-        # a short request timeout, the engines' gauges sampled every 2 s, and every stub's Python
-        # stacks written to the server log (SIGUSR1) every PROBE_DUMP_S seconds (default 20).
+        # a short request timeout and Triton's and the engines' gauges sampled every 2 s.
         ( for _ in $(seq 90); do echo "# $(date +%T.%N)"
             curl -s localhost:8002/metrics | grep -E "^(vllm:num_requests|vllm:kv_cache_usage|nv_inference_pending|nv_inference_request_success|nv_inference_exec_count|nv_gpu_utilization|router_in_flight|router_requests_total)"
             sleep 2; done ) >"$RESULTS/probe_metrics.txt" 2>&1 &
         mpid=$!
-        ( for _ in 1 2 3 4 5 6 7 8; do sleep "${PROBE_DUMP_S:-20}"; echo "=== stack dump $(date +%T) ===" >>build/gpu-vllm/server.log
-            pkill -USR1 -f 'triton_python_backend_stub .*/repository/' ; done ) &
-        dpid=$!
         "$VPY" -m loadtests.gpu_bench p1 --levels "${PROBE_LEVELS:-256}" --repeats 1 --duration 8 --procs 8 \
             --timeout-s "${PROBE_TIMEOUT_S:-45}" --out "$RESULTS/probe"
-        kill "$mpid" "$dpid" 2>/dev/null
+        kill "$mpid" 2>/dev/null
         ps -eo pid,pcpu,rss,nlwp,args | grep -E "tritonserver|stub|EngineCore|VLLM" | grep -v grep | cut -c1-200
         cp build/gpu-vllm/server.log "$RESULTS/server_probe.log"
         ;;

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import faulthandler
 import json
-import signal
 import sys
 import threading
 from typing import Any, Iterator, Mapping, Sequence
@@ -32,14 +31,17 @@ class EngineCallError(RuntimeError):
 
 
 def enable_crash_traces() -> None:
-    """On a fatal signal in the stub, and on SIGUSR1 (a stalled stub), write every thread's
-    Python stack to the server log; SIGUSR1 leaves the stub running."""
+    """On a fatal signal in the stub, write every thread's Python stack to the server log.
+
+    No signal-triggered dump (faulthandler.register) on purpose: on the H100 a SIGUSR1 that
+    landed on the stub's main thread, inside Stub::PopMessage without the GIL, segfaulted in
+    _Py_DumpTracebackThreads and killed the stub (Python 3.12; 3.11 here survived it).
+    """
     if faulthandler.is_enabled():
         return
     try:
         faulthandler.enable(file=sys.stderr, all_threads=True)
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
-    except (AttributeError, ValueError, OSError, RuntimeError):  # no usable stderr in this stub
+    except (AttributeError, ValueError, OSError):  # no usable stderr in this stub
         pass
 
 def _code(name: str) -> Any:
