@@ -606,6 +606,84 @@ REWRITES: tuple[CMakeRewrite, ...] = (
 )
 
 
+
+@dataclass(frozen=True)
+class SourceFix:
+    """A fix of the stub's C++ sources: ``old`` must occur exactly once in the file, and becomes ``new``."""
+
+    path: str  # inside the extracted folder of ``repo``
+    repo: str
+    old: str
+    new: str
+    why: str
+
+
+FIX_MARK = "// build_stub.py fix:"
+
+# python_backend r24.10 (and main as of this writing) can deadlock a stub whose Python
+# threads iterate decoupled BLS streams (router_bls): ResponseIterator::Next re-takes the GIL
+# while it holds the iterator's mu_ (gil_scoped_release leaves scope with the lock held); the
+# parent-to-stub monitor thread delivers the next response under response_iterator_map_mu_
+# and waits for that mu_; a Python thread that holds the GIL and enters exec() ->
+# GetResponseIterator waits for response_iterator_map_mu_. No thread can move; the parent's
+# engine-side threads then block on the stalled monitor, so engines stall for every client
+# (seen on an H100 at 128 and 256 streams: docs/known-limits.md). The fixes: Next waits for
+# mu_ without the GIL and lets mu_ go before taking the GIL back; exec() looks up the
+# iterator (both mutexes) without the GIL. Nothing under those locks touches Python objects.
+SOURCE_FIXES: tuple[SourceFix, ...] = (
+    SourceFix(
+        "src/pb_response_iterator.cc", "python_backend",
+        old="""      {
+        std::unique_lock<std::mutex> lock{mu_};
+        while (response_buffer_.empty()) {
+          py::gil_scoped_release release;
+          cv_.wait(lock);
+        }
+        response = response_buffer_.front();""",
+        new=f"""      {{
+        {FIX_MARK} mu_ is taken and waited for without the GIL, and released
+        // before the GIL is taken back (lock is destroyed before release).
+        std::unique_ptr<py::gil_scoped_release> release;
+        if (PyGILState_Check()) {{
+          release = std::make_unique<py::gil_scoped_release>();
+        }}
+        std::unique_lock<std::mutex> lock{{mu_}};
+        cv_.wait(lock, [this] {{ return !response_buffer_.empty(); }});
+        response = response_buffer_.front();""",
+        why="ResponseIterator::Next re-took the GIL while holding mu_"),
+    SourceFix(
+        "src/pb_stub.cc", "python_backend",
+        old="""            if (decoupled) {
+              auto response_iterator = stub->GetResponseIterator(response);
+              response_object = py::cast(response_iterator);""",
+        new=f"""            if (decoupled) {{
+              {FIX_MARK} the iterator map's mutex is never waited for with the GIL
+              std::shared_ptr<ResponseIterator> response_iterator;
+              {{
+                py::gil_scoped_release release;
+                response_iterator = stub->GetResponseIterator(response);
+              }}
+              response_object = py::cast(response_iterator);""",
+        why="exec(decoupled=True) waited for response_iterator_map_mu_ holding the GIL"),
+)
+
+
+def apply_fix(text: str, fix: SourceFix) -> str:
+    """``text`` with ``fix`` applied; refuse unless its ``old`` text occurs exactly once."""
+    found = text.count(fix.old)
+    if found != 1:
+        raise StubBuildError(f"{fix.repo}/{fix.path}: the text of the fix '{fix.why}' occurs {found} times "
+                             "(expected once): the sources are not the pinned ones")
+    return text.replace(fix.old, fix.new)
+
+
+def apply_fixes(src: Path, fixes: Iterable[SourceFix] = SOURCE_FIXES) -> list[str]:
+    """Apply the C++ fixes to the extracted sources in place; what each fixed."""
+    for fix in fixes:
+        path = src / fix.repo / fix.path
+        path.write_text(apply_fix(path.read_text(), fix))
+    return [f"{fix.repo}/{fix.path}: {fix.why}" for fix in fixes]
+
 def strip_werror(text: str) -> str:
     """``text`` without its -Werror flags (other -W flags stay)."""
     return re.sub(r"[ \t]*-Werror(?=[\s>)\"]|$)", "", text)
@@ -692,7 +770,8 @@ def prepare_sources(manifest: Manifest, folder: Path, build: Path, werror: bool 
     """Extract every source into build/src (once per manifest) and rewrite the CMake files."""
     src = build / "src"
     stamp = src / ".manifest-sha256"
-    recipe = manifest.to_json() + "".join(r.replacement for r in REWRITES) + ("" if werror else "no-werror")
+    recipe = (manifest.to_json() + "".join(r.replacement for r in REWRITES) + "".join(f.new for f in SOURCE_FIXES)
+              + ("" if werror else "no-werror"))
     want = hashlib.sha256(recipe.encode()).hexdigest()
     if not (stamp.is_file() and stamp.read_text() == want):
         shutil.rmtree(src, ignore_errors=True)
@@ -702,6 +781,8 @@ def prepare_sources(manifest: Manifest, folder: Path, build: Path, werror: bool 
         extract(folder / manifest.entry(CUDA_RUNTIME.name).file, src / "cuda-runtime")
         extract(folder / manifest.entry(CUDA_NVCC.name).file, src / "cuda-nvcc")
         apply_rewrites(src)
+        for line in apply_fixes(src):
+            print(f"[stub] fixed {line}")
         if not werror:
             print(f"[stub] --no-werror: -Werror dropped from {drop_werror(src)} CMake files")
         stamp.write_text(want)

@@ -345,3 +345,30 @@ def test_boost_older_than_1_78_is_refused_unless_allowed(capsys):
         check_boost("1.74.0")
     check_boost("1.74.0", allow_old=True)
     assert "WARNING" in capsys.readouterr().out
+
+
+def test_source_fixes_apply_once_and_are_marked(tmp_path):
+    for fix in bs.SOURCE_FIXES:
+        path = tmp_path / fix.repo / fix.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("// before\n" + fix.old + "\n// after\n")
+    lines = bs.apply_fixes(tmp_path)
+    assert len(lines) == len(bs.SOURCE_FIXES)
+    for fix in bs.SOURCE_FIXES:
+        text = (tmp_path / fix.repo / fix.path).read_text()
+        assert fix.old not in text and bs.FIX_MARK in text and text.startswith("// before\n")
+
+
+def test_the_iterator_fix_releases_the_gil_before_taking_mu():
+    fix = next(f for f in bs.SOURCE_FIXES if f.path.endswith("pb_response_iterator.cc"))
+    # The release guard is declared before the lock, so the lock goes first at scope end.
+    assert fix.new.index("gil_scoped_release") < fix.new.index("std::unique_lock<std::mutex> lock{mu_}")
+    assert "PyGILState_Check()" in fix.new  # no release in a thread without the GIL (a destructor's)
+
+
+def test_a_fix_whose_text_is_missing_or_repeated_is_refused():
+    fix = bs.SOURCE_FIXES[0]
+    with pytest.raises(bs.StubBuildError, match="occurs 0 times"):
+        bs.apply_fix("nothing here", fix)
+    with pytest.raises(bs.StubBuildError, match="occurs 2 times"):
+        bs.apply_fix(fix.old + fix.old, fix)
