@@ -1,12 +1,19 @@
-"""Bounded soak: mixed traffic through router_bls with periodic real engine faults.
+"""Bounded soak: mixed traffic through router_bls, with periodic real engine faults or none.
 
-Starts its own server, sends a steady mix of short interactive and long requests from
-worker threads for ``--duration-s`` (default 600), and every ``--fault-every-s`` SIGKILLs
-``vllm_backend``'s engine core (the model restarts its engine in place). ``--fault
-unload`` instead unloads and reloads the model through the model-control API (explicit
-mode); on tritonserver 2.51 a reload under traffic crashed the server (README). Prints
-requests sent / completed / failed-over / errored, engine restarts and server RSS at start
-and end. Not part of CI: ``python -m loadtests.soak --duration-s 600``.
+Starts its own server, sends a steady mix of short interactive and long requests (three
+priority classes, SLAs on the short ones, a ``--cancel-fraction`` of streams cancelled by
+the client after a few chunks) from worker threads until ``--duration-s`` has passed or
+``--requests`` were sent, and every ``--fault-every-s`` SIGKILLs ``vllm_backend``'s engine
+core (the model restarts its engine in place). ``--fault unload`` instead unloads and
+reloads the model through the model-control API (explicit mode; on tritonserver 2.51 a
+reload under traffic crashed the server, README); ``--fault none`` is the hang soak.
+
+Bounds: a request with no final response within ``--stall-s`` counts as hung (its stream is
+cancelled); the router's hang detector (hybrid_llm.watchdog, the one make serve uses) reads
+Triton's metrics every 2 s and the soak reports its longest stall and whether it ever turned
+unhealthy. Prints requests sent / completed / cancelled / failed-over / errored / hung,
+engine restarts, server RSS at start and end; exit 1 on any hung or errored request.
+Not part of CI: ``python -m loadtests.soak --fault none --requests 100000``.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import time
 
 from hybrid_llm.contracts import GenerationRequest, router_tensors
 from client.stream import stream_grpc
+from hybrid_llm.watchdog import HangDetector, progress_of
 from tests.server_fixture import metric_value, running_server, scrape
 
 
@@ -38,37 +46,73 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration-s", type=float, default=600.0)
     p.add_argument("--fault-every-s", type=float, default=120.0)
-    p.add_argument("--fault", choices=("kill", "unload"), default="kill")
+    p.add_argument("--fault", choices=("kill", "unload", "none"), default="kill")
     p.add_argument("--workers", type=int, default=6)
+    p.add_argument("--requests", type=int, default=0, help="stop after this many requests (0: duration only)")
+    p.add_argument("--cancel-fraction", type=float, default=0.1, help="streams the client cancels mid-way")
+    p.add_argument("--stall-s", type=float, default=120.0, help="a request without its final response this long is hung")
+    p.add_argument("--hang-bound-s", type=float, default=15.0, help="the hang detector's bound")
     a = p.parse_args(argv)
     models = ["router_bls", "vllm_backend", "trtllm"]
-    counts = {"sent": 0, "completed": 0, "errored": 0}
+    counts = {"sent": 0, "completed": 0, "cancelled": 0, "errored": 0, "hung": 0}
+    first_errors: list[str] = []
+    watch = {"max_stall_s": 0.0, "unhealthy_scrapes": 0, "scrapes": 0}
     lock = threading.Lock()
     control = {"model_control": "explicit", "load_models": models} if a.fault == "unload" else {}
     with running_server("soak", **control) as s:
         rss0 = s.rss_bytes()
-        stop = time.monotonic() + a.duration_s
+        t0 = time.monotonic()
+        stop = t0 + a.duration_s
+        done = threading.Event()
+
+        def more() -> bool:
+            if time.monotonic() >= stop:
+                return False
+            with lock:
+                if a.requests and counts["sent"] >= a.requests:
+                    return False
+                counts["sent"] += 1
+            return True
 
         def worker(seed: int) -> None:
             rng = random.Random(seed)
-            while time.monotonic() < stop:
+            while more():
                 long = rng.random() < 0.2
                 prompt = ("long context " * 700) if long else f"short question {rng.random()}"
                 req = GenerationRequest(prompt, max_tokens=rng.choice([16, 64]), temperature=0.0,
                                         priority=rng.choice([1, 2, 3]), latency_sla_ms=None if long else 100.0)
-                r = stream_grpc(s.grpc_url, "router_bls", router_tensors(req), priority=req.priority, timeout_s=300)
+                cancel_after = rng.choice([1, 2, 4]) if rng.random() < a.cancel_fraction else None
+                r = stream_grpc(s.grpc_url, "router_bls", router_tensors(req), priority=req.priority,
+                                timeout_s=a.stall_s, cancel_after_chunks=cancel_after)
+                outcome = ("hung" if r.error_code == "TIMEOUT" else "cancelled" if r.cancelled and r.error is None
+                           else "completed" if r.ok else "errored")
                 with lock:
-                    counts["sent"] += 1
-                    counts["completed" if r.ok else "errored"] += 1
+                    counts[outcome] += 1
+                    if outcome in ("hung", "errored") and len(first_errors) < 5:
+                        first_errors.append(f"{outcome}: {r.error}")
+
+        def watcher() -> None:
+            detector = HangDetector(a.hang_bound_s)
+            while not done.wait(2.0):
+                try:
+                    healthy = detector.observe(progress_of(scrape(s)), time.monotonic())
+                except OSError:
+                    continue
+                watch["scrapes"] += 1
+                watch["unhealthy_scrapes"] += not healthy
+                watch["max_stall_s"] = max(watch["max_stall_s"], detector.stalled_s)
+
+        watch_thread = threading.Thread(target=watcher, daemon=True)
+        watch_thread.start()
 
         threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(a.workers)]
         for t in threads:
             t.start()
         next_fault = time.monotonic() + a.fault_every_s
         faults = 0
-        while time.monotonic() < stop:
+        while time.monotonic() < stop and any(t.is_alive() for t in threads):
             time.sleep(1.0)
-            if time.monotonic() >= next_fault:
+            if a.fault != "none" and time.monotonic() >= next_fault:
                 faults += 1
                 if a.fault == "kill":
                     for pid in s.engine_core_pids("vllm_backend"):
@@ -78,17 +122,26 @@ def main(argv: list[str] | None = None) -> int:
                     s.control_model("vllm_backend", "load")
                 next_fault = time.monotonic() + a.fault_every_s
         for t in threads:
-            t.join(timeout=330)
+            t.join(timeout=a.stall_s + 30)
+        elapsed = time.monotonic() - t0
+        done.set()
+        watch_thread.join(timeout=10)
         text = scrape(s)
         rss1 = s.rss_bytes()
     failovers = metric_value(text, "router_failovers_total")
-    print(f"duration {a.duration_s:.0f} s, faults ({a.fault}) {faults}")
-    print(f"requests sent {counts['sent']}, completed {counts['completed']}, failed over {int(failovers)}, "
-          f"errored {counts['errored']}")
+    finished = sum(counts[k] for k in ("completed", "cancelled", "errored", "hung"))
+    print(f"duration {elapsed:.0f} s, faults ({a.fault}) {faults}, {finished / elapsed:.1f} requests/s")
+    print(f"requests finished {finished}, completed {counts['completed']}, cancelled by the client "
+          f"{counts['cancelled']}, failed over {int(failovers)}, errored {counts['errored']}, "
+          f"hung (> {a.stall_s:.0f} s) {counts['hung']}")
+    print(f"hang detector (bound {a.hang_bound_s:.0f} s): longest stall {watch['max_stall_s']:.1f} s, "
+          f"unhealthy in {watch['unhealthy_scrapes']} of {watch['scrapes']} scrapes")
+    for line in first_errors:
+        print(f"  {line}")
     restarts = log_count(s.log_path, "engine restarted in")
     print(f"engine restarts completed {restarts}")
     print(f"server RSS start {rss0 / 2**30:.2f} GiB, end {rss1 / 2**30:.2f} GiB")
-    return 0 if counts["errored"] == 0 else 1
+    return 0 if counts["errored"] == 0 and counts["hung"] == 0 else 1
 
 
 if __name__ == "__main__":
