@@ -29,7 +29,9 @@ FetchContent (the PyPI sdist is an installed CMake package, found with find_pack
 its Boost download (headers copied from --boost-include); common's unit tests (they
 download googletest); backend's CUDA gather-kernel library (needs nvcc; the stub does not
 use it). CUDA is a CUDA 12 folder assembled from the wheels (or --cuda-root), so a
-machine's own nvcc (CUDA 13 on some) is never looked at.
+machine's own nvcc (CUDA 13 on some) is never looked at. And two C++ fixes of python_backend
+(``SOURCE_FIXES``): the BLS response iterator's lock-order deadlock (docs/known-limits.md),
+each an exact text that must occur once, or the build stops.
 
 What is installed: ``backends/python/triton_python_backend_stub`` (RUNPATH $ORIGIN),
 ``libcudart.so.12`` beside it, and ``triton_python_backend_stub.json`` (pins, versions,
