@@ -1,5 +1,6 @@
-"""``make serve`` (build_scripts/serve.py) stops within 10 s on SIGTERM: idle, under load and
-right after an engine death, leaving none of its own processes or shared-memory files."""
+"""``make serve`` (build_scripts/serve.py) stops within 10 s on SIGTERM: idle, under load,
+right after an engine death and during the engine's restart, leaving none of its own
+processes or shared-memory files."""
 
 from __future__ import annotations
 
@@ -134,6 +135,21 @@ def test_a_server_under_load_stops_within_10_s_and_every_stream_ends(serve_run):
     _assert_clean(state, serve)
 
 
+def _engine_cores(state: dict) -> list[int]:
+    """The vLLM engine-core processes below the run's stubs now (a restarted engine's are new)."""
+    stubs = {pid for pid, _ in state["processes"]}
+    cores = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            comm = (stat.parent / "comm").read_text()
+        except (OSError, IndexError):
+            continue
+        if "EngineCor" in comm and int(fields[1]) in stubs:  # fields[1]: the parent's pid
+            cores.append(int(stat.parent.name))
+    return cores
+
+
 def test_a_server_stops_within_10_s_right_after_an_engine_death(serve_run):
     serve = serve_run("stop-engine-death")
     state = serve.wait_ready()
@@ -145,3 +161,26 @@ def test_a_server_stops_within_10_s_right_after_an_engine_death(serve_run):
     took = serve.sigterm()
     assert took < STOP_BOUND_S, (took, serve.lines[-5:])
     _assert_clean(state, serve)
+
+
+def test_a_server_stops_within_10_s_during_an_engine_restart(serve_run):
+    serve = serve_run("stop-engine-restart")
+    state = serve.wait_ready()
+    first = _engine_cores(state)
+    assert first, state
+    log = serve.dir / "logs" / "server.log"
+    os.kill(first[0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    new: list[int] = []
+    while time.monotonic() < deadline:  # the model noticed and a new engine core is starting
+        new = [pid for pid in _engine_cores(state) if pid not in first]
+        if new and "the engine process died; restarting it" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.2)
+    assert new, "no engine restart began within 60 s:\n" + "\n".join(serve.lines[-20:])
+    assert "engine restarted in" not in log.read_text(errors="replace")  # still restarting
+    took = serve.sigterm()
+    assert took < STOP_BOUND_S, (took, serve.lines[-5:])
+    _assert_clean(state, serve)
+    time.sleep(0.5)
+    assert not [pid for pid in new if os.path.exists(f"/proc/{pid}")], "the restarting engine outlived the run"
