@@ -1043,6 +1043,7 @@ def step_build(cfg: BuildConfig) -> Built:
         "cuda_runtime": cuda_version,
         "boost": boost,
         "unpinned": cfg.allow_unpinned and not _all_pinned(manifest),
+        "source_fixes": [f"{f.repo}/{f.path}: {f.why}" for f in SOURCE_FIXES],
         "sources": [{"name": e.name, "commit": e.commit, "ref": e.ref, "sha256": e.sha256} for e in manifest.git]
         + [{"name": e.name, "version": e.version, "file": e.file, "sha256": e.sha256} for e in manifest.files],
         "needed": needed,

@@ -101,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
                 watch["scrapes"] += 1
                 watch["unhealthy_scrapes"] += not healthy
                 watch["max_stall_s"] = max(watch["max_stall_s"], detector.stalled_s)
+                if watch["scrapes"] % 30 == 0:  # a progress line a minute, so a long run can be followed
+                    with lock:
+                        line = ", ".join(f"{k} {v}" for k, v in counts.items())
+                    print(f"[soak] {time.monotonic() - t0:.0f} s: {line}; detector stall {detector.stalled_s:.0f} s"
+                          + ("" if healthy else " (UNHEALTHY)"), flush=True)
 
         watch_thread = threading.Thread(target=watcher, daemon=True)
         watch_thread.start()
