@@ -1,5 +1,5 @@
 # The two commands: `make serve` and `make test` (each sets up what is missing first).
-.PHONY: setup serve test unit integration
+.PHONY: setup serve test unit integration stub
 
 PY := .venv/bin/python
 
@@ -17,3 +17,10 @@ unit: setup
 
 integration: setup
 	@$(PY) -m pytest tests/integration $(ARGS)
+
+# Optional: replace the wheel's Python stub with one built from the pinned python_backend
+# sources, with the BLS deadlock fixed (docs/known-limits.md). Needs GitHub access, cmake,
+# a C++17 compiler and Boost + rapidjson headers; `build_scripts/build_stub.py restore` undoes it.
+stub: setup
+	@$(PY) -m build_scripts.build_stub all $(ARGS)
+	@$(PY) -m build_scripts.stub_smoke
