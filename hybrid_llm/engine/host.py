@@ -193,19 +193,21 @@ class EngineHost:
         args = AsyncEngineArgs(**engine_args_for(AsyncEngineArgs, self._engine_args))
         factory = _make_stat_logger_factory(self._sink)
         self._thread.start()
+        from hybrid_llm.engine.orphan_guard import start_guard
+        from hybrid_llm.procs import children_of, shm_paths
+
+        # Guarded from before it exists: the guard adopts this stub's VLLM:: children as they
+        # appear, so an engine still starting (a restart) dies with a stub that dies.
+        self._guard = start_guard([], discover="VLLM::")
 
         async def build() -> Any:
             return AsyncLLM.from_engine_args(args, stat_loggers=[factory])
 
         self.engine = self.submit(build()).result(timeout=timeout_s)
-        from hybrid_llm.engine.orphan_guard import start_guard
-        from hybrid_llm.procs import children_of, shm_paths
-
         cores = [pid for pid in children_of(os.getpid()) if _cmdline(pid).startswith("VLLM::")]
         # vLLM removes its shared-memory queues only on a clean shutdown; remember them so
         # that a killed engine leaves nothing in /dev/shm once this host is shut down.
         self._shm = shm_paths(cores)
-        self._guard = start_guard(cores)
 
     def submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
         """Schedule a coroutine on the engine loop from any thread."""

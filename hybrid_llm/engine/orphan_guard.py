@@ -21,13 +21,33 @@ import subprocess
 import sys
 import time
 
-from hybrid_llm.procs import alive, shm_paths, start_time, tree, unlink_all
+from hybrid_llm.procs import alive, children_of, shm_paths, start_time, tree, unlink_all
+
+
+def discovered(owner: int, prefix: str, known: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The owner's direct children whose command line starts with ``prefix`` that ``known`` lacks."""
+    have = {pid for pid, _ in known}
+    found = []
+    for pid in children_of(owner):
+        if pid in have:
+            continue
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cmdline.startswith(prefix) and (st := start_time(pid)) is not None:
+            found.append((pid, st))
+    return found
 
 
 def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: float = 1.0,
-          server: tuple[int, int] | None = None) -> int:
+          server: tuple[int, int] | None = None, discover: str | None = None) -> int:
     """Wait for the owner (or the server above it) to die, then SIGKILL the targets' trees;
     returns how many processes were killed.
+
+    With ``discover`` (a command-line prefix, e.g. ``VLLM::``), the owner's children that
+    match it become targets as they appear, so an engine still starting (a first load or a
+    restart) is guarded before anyone knows its pid.
 
     When the server died first, the owner is killed too, with everything below it. While
     a server is watched, the guard stays after the targets end on their own: a stub whose
@@ -37,7 +57,10 @@ def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: floa
     when the server died, so are the owner's.
     """
     shm = set(shm_paths([pid for pid, _ in targets]))
+    targets = list(targets)
     while True:
+        if discover is not None and alive(*owner):
+            targets += discovered(owner[0], discover, targets)
         live = [(pid, st) for pid, st in targets if alive(pid, st)]
         owner_dead = not alive(*owner)
         server_dead = server is not None and not alive(*server)
@@ -59,20 +82,23 @@ def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: floa
             time.sleep(0.5)
             unlink_all(sorted(shm))
             return len(victims)
-        if not live and server is None:
+        if not live and server is None and discover is None:
             return 0
         time.sleep(period_s)
 
 
 def start_guard(targets: list[int], python: str = sys.executable,
-                watch_parent: bool = True) -> subprocess.Popen | None:
-    """Launch the guard for ``targets`` (pids), owned by this process (and, with
+                watch_parent: bool = True, discover: str | None = None) -> subprocess.Popen | None:
+    """Launch the guard for ``targets`` (pids) and, with ``discover``, for this process's
+    children whose command line starts with it; owned by this process (and, with
     ``watch_parent``, by its parent, the tritonserver); None when nothing to guard."""
     pairs = [(pid, st) for pid in targets if (st := start_time(pid)) is not None]
     owner = start_time(os.getpid())
-    if not pairs or owner is None:
+    if (not pairs and discover is None) or owner is None:
         return None
     args = [python, "-m", "hybrid_llm.engine.orphan_guard", f"{os.getpid()}:{owner}"] + [f"{p}:{s}" for p, s in pairs]
+    if discover is not None:
+        args += ["--discover", discover]
     parent = os.getppid()
     if watch_parent and parent > 1 and (parent_start := start_time(parent)) is not None:
         args += ["--server", f"{parent}:{parent_start}"]
@@ -86,14 +112,19 @@ def _pid_start(arg: str) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m hybrid_llm.engine.orphan_guard OWNER_PID:START TARGET_PID:START ... [--server PID:START]``"""
-    server = None
+    """``python -m hybrid_llm.engine.orphan_guard OWNER_PID:START [TARGET_PID:START ...] [--server PID:START]
+    [--discover PREFIX]``"""
+    server, discover = None, None
     if "--server" in argv:
         i = argv.index("--server")
         server = _pid_start(argv[i + 1])
         argv = argv[:i] + argv[i + 2:]
+    if "--discover" in argv:
+        i = argv.index("--discover")
+        discover = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
     owner, *targets = [_pid_start(a) for a in argv]
-    killed = guard(owner, targets, server=server)
+    killed = guard(owner, targets, server=server, discover=discover)
     if killed:
         who = "server" if server is not None and not alive(*server) else "owner"
         print(f"orphan_guard: {who} of {owner[0]} died; killed {killed} processes", file=sys.stderr)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -265,3 +267,54 @@ def test_a_stub_whose_engine_already_ended_still_dies_with_the_server() -> None:
     finally:
         for p in (server, owner, target):
             p.kill()
+
+
+def test_a_child_started_after_the_guard_is_adopted_and_dies_with_its_owner(tmp_path) -> None:
+    # The owner starts its "engine" (cmdline prefix ENGINE_MARK) 1.5 s after the guard: the
+    # case of an engine still starting when its stub dies (a restart).
+    pidfile = tmp_path / "child.pid"
+    code = ("import subprocess,sys,time; time.sleep(1.5); "
+            "c=subprocess.Popen([sys.executable,'-c','import time; time.sleep(60)','ENGINE_MARK']); "
+            f"open({str(pidfile)!r},'w').write(str(c.pid)); time.sleep(60)")
+    owner = subprocess.Popen([sys.executable, "-c", code])
+    guard = subprocess.Popen([sys.executable, "-m", "hybrid_llm.engine.orphan_guard",
+                              f"{owner.pid}:{og.start_time(owner.pid)}", "--discover", sys.executable])
+    child = None
+    try:
+        deadline = time.monotonic() + 10
+        while not pidfile.exists() or not pidfile.read_text():
+            assert time.monotonic() < deadline, "the owner never started its child"
+            time.sleep(0.1)
+        child = int(pidfile.read_text())
+        child_start = og.start_time(child)
+        time.sleep(1.5)  # at least one guard round with the child there
+        assert guard.poll() is None and procs.alive(child, child_start)
+        owner.kill()
+        owner.wait()
+        assert guard.wait(10) == 0
+        deadline = time.monotonic() + 5
+        while procs.alive(child, child_start) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not procs.alive(child, child_start), "a child started after the guard outlived its owner"
+    finally:
+        owner.kill()
+        guard.kill()
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def test_discovered_names_only_new_children_with_the_prefix() -> None:
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        time.sleep(0.3)
+        found = og.discovered(os.getpid(), sys.executable, [])
+        pids = [pid for pid, _ in found]
+        assert mine.pid in pids and other.pid not in pids
+        assert mine.pid not in [pid for pid, _ in og.discovered(os.getpid(), sys.executable, found)]
+    finally:
+        mine.kill()
+        other.kill()
