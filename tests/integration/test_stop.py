@@ -29,8 +29,12 @@ class Serve:
     """One ``python -m build_scripts.serve`` on free ports, with its output collected."""
 
     def __init__(self, name: str) -> None:
+        self.name = name
+        self._start()
+
+    def _start(self) -> None:
         self.http, self.grpc, self.metrics, self.openai = free_ports(4)
-        self.dir = BUILD / name
+        self.dir = BUILD / self.name
         self.lines: list[str] = []
         cmd = [sys.executable, "-m", "build_scripts.serve", "--http-port", str(self.http), "--grpc-port",
                str(self.grpc), "--metrics-port", str(self.metrics), "--openai-port", str(self.openai),
@@ -49,9 +53,17 @@ class Serve:
 
     def wait_ready(self, timeout_s: float = 420.0) -> dict:
         deadline = time.monotonic() + timeout_s
+        retried = False
         while time.monotonic() < deadline:
             if any("Ctrl-C to stop" in line for line in self.lines):
                 return json.loads(self.state_path.read_text())
+            if self.proc.poll() is not None and not retried and any("already in use" in ln for ln in self.lines):
+                # free_ports releases its ports before tritonserver binds them; another
+                # process took one in between. Once, with new ports.
+                self.proc.wait()
+                retried = True
+                self._start()
+                continue
             assert self.proc.poll() is None, "\n".join(self.lines[-40:])
             time.sleep(0.5)
         raise AssertionError("serve not ready:\n" + "\n".join(self.lines[-40:]))
