@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from build_scripts.stub_smoke import (DEFAULT_SERVER_ROOT, STREAM_CONFIG, STREAM_MODEL, default_lib_dirs,
-                                      log_lines, server_env)
+from build_scripts import stub_smoke
+from build_scripts.stub_smoke import DEFAULT_SERVER_ROOT, STREAM_CONFIG, STREAM_MODEL, log_lines, stub_and_env
 from hybrid_llm.server import TritonServer
 
 RACE_CONFIG = """name: "race"
@@ -141,13 +141,8 @@ class RoundResult:
 
 def write_repository(folder: Path, stub: Path | None = None) -> Path:
     """``stream`` and ``race``; with ``stub``, a copy in each model's folder (the backend prefers it)."""
-    for name, (config, model) in {"stream": (STREAM_CONFIG, STREAM_MODEL), "race": (RACE_CONFIG, RACE_MODEL)}.items():
-        (folder / name / "1").mkdir(parents=True, exist_ok=True)
-        (folder / name / "config.pbtxt").write_text(config)
-        (folder / name / "1" / "model.py").write_text(model)
-        if stub is not None:
-            shutil.copy2(stub, folder / name / "triton_python_backend_stub")
-    return folder
+    return stub_smoke.write_repository(folder, stub, {"stream": (STREAM_CONFIG, STREAM_MODEL),
+                                                      "race": (RACE_CONFIG, RACE_MODEL)})
 
 
 def run_round(url: str, threads: int, count: int, seconds: float, deadline_s: float) -> RoundResult:
@@ -195,12 +190,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     args = parse_args(argv)
-    root = args.server_root.resolve()
-    lib_dirs = args.ld_library_path if args.ld_library_path is not None else default_lib_dirs()
-    stub = (args.stub or root / "backends" / "python" / "triton_python_backend_stub").resolve()
-    if args.stub:
-        lib_dirs = [*lib_dirs, str(stub.parent)]
-    env = server_env(args.python_bin_dir.absolute(), lib_dirs)
+    root, stub, env = stub_and_env(args)
     work = Path(tempfile.mkdtemp(prefix="bls-race-"))
     server = TritonServer(write_repository(work / "models", stub if args.stub else None), work / "tritonserver.log",
                           runtime=root, env=env, extra_args=("--exit-timeout-secs=5",),

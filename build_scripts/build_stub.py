@@ -608,7 +608,6 @@ REWRITES: tuple[CMakeRewrite, ...] = (
 )
 
 
-
 @dataclass(frozen=True)
 class SourceFix:
     """A fix of the stub's C++ sources: ``old`` must occur exactly once in the file, and becomes ``new``."""
@@ -618,6 +617,11 @@ class SourceFix:
     old: str
     new: str
     why: str
+
+    @property
+    def label(self) -> str:
+        """Where and what, for the build's output and the stub's record."""
+        return f"{self.repo}/{self.path}: {self.why}"
 
 
 FIX_MARK = "// build_stub.py fix:"
@@ -684,7 +688,8 @@ def apply_fixes(src: Path, fixes: Iterable[SourceFix] = SOURCE_FIXES) -> list[st
     for fix in fixes:
         path = src / fix.repo / fix.path
         path.write_text(apply_fix(path.read_text(), fix))
-    return [f"{fix.repo}/{fix.path}: {fix.why}" for fix in fixes]
+    return [fix.label for fix in fixes]
+
 
 def strip_werror(text: str) -> str:
     """``text`` without its -Werror flags (other -W flags stay)."""
@@ -1043,7 +1048,7 @@ def step_build(cfg: BuildConfig) -> Built:
         "cuda_runtime": cuda_version,
         "boost": boost,
         "unpinned": cfg.allow_unpinned and not _all_pinned(manifest),
-        "source_fixes": [f"{f.repo}/{f.path}: {f.why}" for f in SOURCE_FIXES],
+        "source_fixes": [f.label for f in SOURCE_FIXES],
         "sources": [{"name": e.name, "commit": e.commit, "ref": e.ref, "sha256": e.sha256} for e in manifest.git]
         + [{"name": e.name, "version": e.version, "file": e.file, "sha256": e.sha256} for e in manifest.files],
         "needed": needed,

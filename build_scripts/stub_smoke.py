@@ -176,9 +176,11 @@ def f32(value: float) -> float:
     return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
-def write_repository(folder: Path, stub: Path | None = None) -> Path:
-    """The three models; with ``stub``, a copy in each model's folder, which the backend prefers to its own."""
-    for name, (config, model) in MODELS.items():
+def write_repository(folder: Path, stub: Path | None = None,
+                     models: dict[str, tuple[str, str]] | None = None) -> Path:
+    """``models`` (name -> (config.pbtxt, model.py); default the three above); with ``stub``, a
+    copy in each model's folder, which the backend prefers to its own."""
+    for name, (config, model) in (MODELS if models is None else models).items():
         (folder / name / "1").mkdir(parents=True, exist_ok=True)
         (folder / name / "config.pbtxt").write_text(config)
         (folder / name / "1" / "model.py").write_text(model)
@@ -371,15 +373,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point."""
-    args = parse_args(argv)
+def stub_and_env(args: argparse.Namespace) -> tuple[Path, Path, dict[str, str]]:
+    """(server root, the stub under test, the server's environment) from the common options
+    (--server-root, --stub, --python-bin-dir, --ld-library-path)."""
     root = args.server_root.resolve()
     lib_dirs = args.ld_library_path if args.ld_library_path is not None else default_lib_dirs()
     stub = (args.stub or root / "backends" / "python" / "triton_python_backend_stub").resolve()
     if args.stub:  # its libcudart.so.12 may lie beside it ($ORIGIN no longer points there)
         lib_dirs = [*lib_dirs, str(stub.parent)]
-    env = server_env(args.python_bin_dir.absolute(), lib_dirs)
+    return root, stub, server_env(args.python_bin_dir.absolute(), lib_dirs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    args = parse_args(argv)
+    root, stub, env = stub_and_env(args)
     record = stub.parent / "triton_python_backend_stub.json"
     built = json.loads(record.read_text()).get("stub_sha256") if record.is_file() and not args.stub else None
     print(f"[smoke] stub {stub}" + (" (built by build_stub.py)" if built else ""))

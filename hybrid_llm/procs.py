@@ -53,6 +53,19 @@ def children_of(pid: int) -> list[int]:
     return _children_map().get(pid, [])
 
 
+def cmdline(pid: int) -> str:
+    """The process's command line, arguments joined by spaces ("" when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def children_named(pid: int, prefix: str) -> list[int]:
+    """Direct children of ``pid`` whose command line starts with ``prefix``."""
+    return [child for child in children_of(pid) if cmdline(child).startswith(prefix)]
+
+
 def descendants(root: int) -> list[int]:
     """PIDs of every live process below ``root`` (one scan of /proc)."""
     children = _children_map()

@@ -194,7 +194,7 @@ class EngineHost:
         factory = _make_stat_logger_factory(self._sink)
         self._thread.start()
         from hybrid_llm.engine.orphan_guard import start_guard
-        from hybrid_llm.procs import children_of, shm_paths
+        from hybrid_llm.procs import children_named, shm_paths
 
         # Guarded from before it exists: the guard adopts this stub's VLLM:: children as they
         # appear, so an engine still starting (a restart) dies with a stub that dies.
@@ -204,7 +204,7 @@ class EngineHost:
             return AsyncLLM.from_engine_args(args, stat_loggers=[factory])
 
         self.engine = self.submit(build()).result(timeout=timeout_s)
-        cores = [pid for pid in children_of(os.getpid()) if _cmdline(pid).startswith("VLLM::")]
+        cores = children_named(os.getpid(), "VLLM::")
         # vLLM removes its shared-memory queues only on a clean shutdown; remember them so
         # that a killed engine leaves nothing in /dev/shm once this host is shut down.
         self._shm = shm_paths(cores)
@@ -261,10 +261,3 @@ def engine_args_for(args_class: Any, engine_args: dict[str, Any]) -> dict[str, A
     if unknown:
         raise ValueError(f"model.json has keys that are not engine arguments of this vLLM: {unknown}")
     return dict(engine_args)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""

@@ -21,23 +21,14 @@ import subprocess
 import sys
 import time
 
-from hybrid_llm.procs import alive, children_of, shm_paths, start_time, tree, unlink_all
+from hybrid_llm.procs import alive, children_named, shm_paths, start_time, tree, unlink_all
 
 
 def discovered(owner: int, prefix: str, known: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The owner's direct children whose command line starts with ``prefix`` that ``known`` lacks."""
     have = {pid for pid, _ in known}
-    found = []
-    for pid in children_of(owner):
-        if pid in have:
-            continue
-        try:
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if cmdline.startswith(prefix) and (st := start_time(pid)) is not None:
-            found.append((pid, st))
-    return found
+    return [(pid, st) for pid in children_named(owner, prefix)
+            if pid not in have and (st := start_time(pid)) is not None]
 
 
 def guard(owner: tuple[int, int], targets: list[tuple[int, int]], period_s: float = 1.0,

@@ -17,7 +17,7 @@ import pytest
 
 from client.stream import stream_grpc
 from hybrid_llm.contracts import GenerationRequest, router_tensors
-from hybrid_llm.procs import alive, start_time
+from hybrid_llm.procs import alive, children_named, start_time
 from hybrid_llm.server import ROOT, free_ports
 from tests.server_fixture import BUILD
 
@@ -148,18 +148,8 @@ def test_a_server_under_load_stops_within_10_s_and_every_stream_ends(serve_run):
 
 
 def _engine_cores(state: dict) -> list[int]:
-    """The vLLM engine-core processes below the run's stubs now (a restarted engine's are new)."""
-    stubs = {pid for pid, _ in state["processes"]}
-    cores = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            comm = (stat.parent / "comm").read_text()
-        except (OSError, IndexError):
-            continue
-        if "EngineCor" in comm and int(fields[1]) in stubs:  # fields[1]: the parent's pid
-            cores.append(int(stat.parent.name))
-    return cores
+    """The vLLM engine-core processes below the run's processes now (a restarted engine's are new)."""
+    return [core for pid, _ in state["processes"] for core in children_named(pid, "VLLM::EngineCore")]
 
 
 def test_a_server_stops_within_10_s_right_after_an_engine_death(serve_run):
