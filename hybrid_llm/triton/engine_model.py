@@ -261,4 +261,8 @@ class EngineModelBase:
             self.sink.release()
             self.sink = None
             self.host = None
+            # Every Metric handle goes before close(): one left on this object outlives the
+            # stub's instance and crashed the unloaded stub at interpreter exit
+            # (Metric::~Metric -> Clear, python_backend 47f9e03 / #433 fixes it upstream).
+            self._ready_metric = None
             self.metrics.close()

@@ -50,3 +50,11 @@ def test_unloading_vllm_during_load_loses_no_request(server):
              + metric_value(scrape(server), "router_requests_total", engine="trtllm"))
     assert moved > metric_value(before, "router_failovers_total") + metric_value(before, "router_requests_total", engine="trtllm")
     assert server.model_ready("router_bls") and server.model_ready("trtllm")
+
+
+def test_the_unloaded_engine_stub_exits_without_a_crash(server):
+    """Runs after the unload above: the stub's exit released its metric handles in time."""
+    log = lambda: server.log_path.read_text(errors="replace")  # noqa: E731
+    wait_for(lambda: "successfully unloaded 'vllm_backend'" in log(), 60, "vllm_backend's stub exited")
+    # A Metric handle that outlived finalize() crashed the stub in Py_Finalize (Metric::~Metric).
+    assert "Segfault encountered" not in log(), log()[-4000:]
