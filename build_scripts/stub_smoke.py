@@ -344,11 +344,18 @@ def run_checks(url: str, metrics_url: str) -> tuple[list[str], dict[str, str]]:
 
 def check_metrics(metrics_url: str) -> list[str]:
     """The echo model's counter reads 2 (one echo, one through BLS) on Triton's /metrics."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=10) as resp:
-            page = resp.read().decode()
-    except OSError as exc:
-        return [f"metrics: {metrics_url} did not answer: {exc}"]
+    # Triton starts its metrics service after HTTP/gRPC are ready: a refused connection right
+    # after readiness is retried for a few seconds (seen on a loaded machine).
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+                page = resp.read().decode()
+            break
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                return [f"metrics: {metrics_url} did not answer: {exc}"]
+            time.sleep(0.2)
     want = 'stub_smoke_requests{model="echo"} 2'
     if want not in page:
         lines = [line for line in page.splitlines() if line.startswith("stub_smoke_requests")]

@@ -348,15 +348,88 @@ def test_boost_older_than_1_78_is_refused_unless_allowed(capsys):
 
 
 def test_source_fixes_apply_once_and_are_marked(tmp_path):
-    for fix in bs.SOURCE_FIXES:
+    texts: dict[Path, str] = {}
+    for fix in bs.SOURCE_FIXES:  # several fixes may edit one file
         path = tmp_path / fix.repo / fix.path
+        texts[path] = texts.get(path, "// before\n") + fix.old + "\n// after\n"
+    for path, text in texts.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("// before\n" + fix.old + "\n// after\n")
+        path.write_text(text)
     lines = bs.apply_fixes(tmp_path)
-    assert len(lines) == len(bs.SOURCE_FIXES)
+    assert lines == [fix.label for fix in bs.SOURCE_FIXES]
     for fix in bs.SOURCE_FIXES:
         text = (tmp_path / fix.repo / fix.path).read_text()
         assert fix.old not in text and bs.FIX_MARK in text and text.startswith("// before\n")
+
+
+def test_an_optional_fix_is_skipped_where_the_revision_predates_its_fault(tmp_path):
+    optional = [f for f in bs.SOURCE_FIXES if f.optional]
+    assert optional, "the main-only exit fix is optional"
+    fix = optional[0]
+    assert bs.apply_fix("r24.10 has no such text", fix) == "r24.10 has no such text"
+    with pytest.raises(bs.StubBuildError, match="occurs 2 times"):
+        bs.apply_fix(fix.old + fix.old, fix)
+    path = tmp_path / fix.repo / fix.path
+    path.parent.mkdir(parents=True)
+    path.write_text("int main() {}\n")
+    assert bs.apply_fixes(tmp_path, [fix]) == [] and path.read_text() == "int main() {}\n"
+    # The exit fix drops main's reference before the stub instance, both before return.
+    assert fix.new.index("stub.reset();") < fix.new.index("Stub::DestroyInstance();") < fix.new.index("return 0;")
+
+
+def test_pin_sets_share_the_servers_core_and_differ_in_python_backend():
+    r2410, main = bs.pin_set("r24.10"), bs.pin_set("main")
+    assert bs.git_pin("core", r2410) == bs.git_pin("core", main)  # 2.51's API headers in both
+    assert bs.git_pin("python_backend", main).commit != bs.git_pin("python_backend", r2410).commit
+    assert [p.name for p in r2410] == [p.name for p in main]
+    with pytest.raises(bs.StubBuildError, match="no pin set 'r99'"):
+        bs.pin_set("r99")
+    for name in ("r24.10", "main"):
+        entries = tuple(bs.SourceEntry(name=p.name, file=p.archive_name, sha256="0", commit=p.commit)
+                        for p in bs.pin_set(name))
+        assert bs.pin_set_of(bs.Manifest(git=entries, files=())) == name
+    assert bs.parse_args(["sources", "--pins", "main"]).pins == "main"
+    assert bs.parse_args(["sources"]).pins == bs.DEFAULT_PIN_SET == "r24.10"
+
+
+def test_cmake_minimum_is_read_and_enforced():
+    assert bs.cmake_minimum_required("cmake_minimum_required(VERSION 3.31.8)\nproject(x)") == (3, 31, 8)
+    assert bs.cmake_minimum_required("project(x)") == ()
+    bs.check_cmake_minimum((4, 0, 3), (3, 31, 8), "main")
+    bs.check_cmake_minimum((3, 25, 1), (), "r24.10")
+    with pytest.raises(bs.StubBuildError, match=r"main needs CMake >= 3.31.8, --cmake is 3.25.1"):
+        bs.check_cmake_minimum((3, 25, 1), (3, 31, 8), "main")
+
+
+def test_the_backend_is_linked_to_the_servers_renamed_libraries():
+    server = ["libtritonserver-717102f0.so", "libarchive-3508abb0.so.13.6.0", "libcudart-09529672.so.12.6.77",
+              "libstdc++.so.6", "libc.so.6"]
+    built = ["libtritonserver.so", "libarchive-3508abb0.so.13.6.0", "libcudart.so.12", "libstdc++.so.6",
+             "libgcc_s.so.1"]
+    assert bs.needed_renames(built, server) == {"libtritonserver.so": "libtritonserver-717102f0.so",
+                                                "libcudart.so.12": "libcudart-09529672.so.12.6.77"}
+    with pytest.raises(bs.StubBuildError, match="links libz.so.placeholder, which the server's"):
+        bs.needed_renames(["libz.so.placeholder"], server)
+
+
+def test_a_backend_calling_what_the_core_lacks_is_named():
+    undefined = {"TRITONBACKEND_RequestInput", "TRITONSERVER_NewerThan251", "memcpy", "archive_read_new"}
+    defined = {"TRITONBACKEND_RequestInput", "TRITONSERVER_ErrorNew"}
+    assert bs.missing_server_functions(undefined, defined) == ["TRITONSERVER_NewerThan251"]
+
+
+def test_the_gather_kernel_becomes_a_host_function_that_refuses():
+    assert "add_library(kernel_library_new STATIC" in bs.KERNEL_BLOCK
+    assert "return cudaErrorNotSupported;" in bs.KERNEL_BLOCK and "RunGatherKernel(" in bs.KERNEL_BLOCK
+
+
+def test_backend_options():
+    args = bs.parse_args(["build", "--backend", "--archive-include", "/opt/a/include", "--server-libs", "/opt/l",
+                          "--patchelf", "/opt/bin/patchelf"])
+    cfg = bs.build_config(args)
+    assert cfg.backend and cfg.archive_include == Path("/opt/a/include") and cfg.server_libs == (Path("/opt/l"),)
+    assert cfg.patchelf == "/opt/bin/patchelf"
+    assert not bs.build_config(bs.parse_args(["build"])).backend
 
 
 def test_the_iterator_fix_releases_the_gil_before_taking_mu():
