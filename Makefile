@@ -21,6 +21,7 @@ integration: setup
 # Optional: replace the wheel's Python stub with one built from the pinned python_backend
 # sources, with the BLS deadlock fixed (docs/known-limits.md). Needs GitHub access, cmake,
 # a C++17 compiler and Boost + rapidjson headers; `build_scripts/build_stub.py restore` undoes it.
+# ARGS="--pins main --backend --cmake ... --patchelf ..." builds python_backend main and libtriton_python.so.
 stub: setup
 	@$(PY) -m build_scripts.build_stub all $(ARGS)
 	@$(PY) -m build_scripts.stub_smoke

@@ -39,6 +39,13 @@ NEEDED list). libpython comes from LD_LIBRARY_PATH, as for the wheel's stub. The
 stub links a renamed libcudart; this one links ``libcudart.so.12``, so a model that
 loads a libcudart.so.12 of its own in the stub process gets this one (12.6.77) instead.
 
+Pin sets (``--pins``): ``r24.10`` (the default, the build that was soaked) and ``main``
+(python_backend's newest revision read, with backend main, on 2.51's core headers; needs
+CMake >= 3.31.8). ``build --backend`` also builds ``libtriton_python.so``, links it to the
+server's own libraries (patchelf) and checks every Triton function it calls against the
+server's core; it is installed beside the stub (the wheel's kept as
+``libtriton_python.so.wheel``; ``restore`` puts both back).
+
 Standard library only; runs under Python 3.11 and 3.12. Needs git (for ``sources``),
 cmake >= 3.18, a C++17 compiler, ninja or make, Boost and rapidjson headers.
 """
