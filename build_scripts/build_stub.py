@@ -194,16 +194,10 @@ def git_pin(name: str, pins: Sequence[GitPin] | None = None) -> GitPin:
 
 
 def pin_set(name: str) -> tuple[GitPin, ...]:
-    """The pin set called ``name`` (r24.10 or main)."""
+    """The pin set called ``name`` (r24.10 or main); the default one is GIT_PINS."""
     if name not in PIN_SETS:
         raise StubBuildError(f"no pin set {name!r}; known: {', '.join(PIN_SETS)}")
-    return PIN_SETS[name]
-
-
-def manifest_pins(manifest: "Manifest") -> tuple[GitPin, ...]:
-    """The pins a manifest is checked against: its pin set's (the default set: GIT_PINS)."""
-    name = pin_set_of(manifest)
-    return tuple(GIT_PINS) if name == DEFAULT_PIN_SET else pin_set(name)
+    return tuple(GIT_PINS) if name == DEFAULT_PIN_SET else PIN_SETS[name]
 
 
 def pin_set_of(manifest: "Manifest") -> str:
@@ -338,7 +332,7 @@ def check_manifest(manifest: Manifest, folder: Path, allow_unpinned: bool = Fals
         digest = sha256_file(path)
         if digest != entry.sha256:
             raise StubBuildError(f"{path}: sha256 {digest} differs from the manifest's {entry.sha256}")
-    for pin in manifest_pins(manifest):
+    for pin in pin_set(pin_set_of(manifest)):
         entry = manifest.entry(pin.name)
         check_commit(pin, entry.commit, allow_unpinned)
         archived = tar_commit(folder / entry.file)
@@ -454,8 +448,7 @@ def step_sources(out: Path, template: str = DEFAULT_GIT_TEMPLATE, revs: dict[str
                  allow_unpinned: bool = False, pins: str = DEFAULT_PIN_SET) -> Manifest:
     """Assemble the pinned source tarballs and files (of pin set ``pins``) into ``out`` with a manifest."""
     out.mkdir(parents=True, exist_ok=True)
-    git = archive_sources(out, template, revs or {}, allow_unpinned,
-                          None if pins == DEFAULT_PIN_SET else pin_set(pins))
+    git = archive_sources(out, template, revs or {}, allow_unpinned, pin_set(pins))
     files = [fetch_file(pin, out, [*downloads, out], pip_python, allow_unpinned) for pin in FILE_PINS]
     manifest = Manifest(git=tuple(git), files=tuple(files))
     (out / MANIFEST).write_text(manifest.to_json())
@@ -1314,7 +1307,7 @@ def step_build(cfg: BuildConfig) -> Built:
 
 def _all_pinned(manifest: Manifest) -> bool:
     """True when every manifest entry is the pinned one (of its pin set)."""
-    commits = all(manifest.entry(p.name).commit == p.commit for p in manifest_pins(manifest))
+    commits = all(manifest.entry(p.name).commit == p.commit for p in pin_set(pin_set_of(manifest)))
     return commits and all(manifest.entry(p.name).sha256 == p.sha256 for p in FILE_PINS)
 
 
@@ -1349,18 +1342,13 @@ def step_install(built: Built, runtime: Path) -> Path:
                              "script builds the GPU stub that matches nvidia-pytriton's tritonserver 2.51")
     dest, kept, record = backend / STUB, backend / WHEEL_STUB, backend / RECORD
     previous_record = json.loads(record.read_text()) if record.is_file() else {}
-    ours = dest.is_file() and previous_record.get("stub_sha256") == sha256_file(dest)
-    if dest.is_file() and not kept.exists() and not ours:
-        shutil.copy2(dest, kept)
-        print(f"[stub] kept the previous stub as {kept}")
     shutil.copy2(build / "deps" / "cuda" / "lib64" / CUDART_SONAME, backend / CUDART_SONAME)
-    tmp = backend / (STUB + ".new")
-    shutil.copy2(stub, tmp)
-    os.replace(tmp, dest)
+    install_keeping_previous(stub, dest, kept, previous_record.get("stub_sha256"))
     info = json.loads((build / "build-info.json").read_text())
     info.update(installed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), previous_stub=WHEEL_STUB if kept.exists() else "")
     if built.backend is not None:
-        install_backend(built.backend, backend, previous_record)
+        install_keeping_previous(built.backend, backend / BACKEND, backend / WHEEL_BACKEND,
+                                 previous_record.get("backend_sha256"))
         info["previous_backend"] = WHEEL_BACKEND
     record.write_text(json.dumps(info, indent=2) + "\n")
     probe_stub(dest, built.python.libdir)
@@ -1368,17 +1356,15 @@ def step_install(built: Built, runtime: Path) -> Path:
     return dest
 
 
-def install_backend(lib: Path, folder: Path, previous_record: dict) -> None:
-    """Put the built libtriton_python.so in ``folder``; keep the wheel's once as libtriton_python.so.wheel."""
-    dest, kept = folder / BACKEND, folder / WHEEL_BACKEND
-    ours = dest.is_file() and previous_record.get("backend_sha256") == sha256_file(dest)
-    if dest.is_file() and not kept.exists() and not ours:
+def install_keeping_previous(built: Path, dest: Path, kept: Path, ours_sha256: str | None) -> None:
+    """Replace ``dest`` with ``built`` atomically; keep the file there first as ``kept``, once, unless it
+    is one this script installed (its sha256 is in the previous record)."""
+    if dest.is_file() and not kept.exists() and sha256_file(dest) != ours_sha256:
         shutil.copy2(dest, kept)
-        print(f"[stub] kept the previous {BACKEND} as {kept}")
-    tmp = folder / (BACKEND + ".new")
-    shutil.copy2(lib, tmp)
+        print(f"[stub] kept the previous {dest.name} as {kept}")
+    tmp = dest.with_name(dest.name + ".new")
+    shutil.copy2(built, tmp)
     os.replace(tmp, dest)
-    print(f"[stub] installed {dest}")
 
 
 def step_restore(runtime: Path) -> None:
