@@ -30,6 +30,16 @@ from .workload import (
 BATCHED = {"router": True, "trtllm": True, "vllm": False}
 
 
+def ask_for_every_output(request: Any) -> None:
+    """Make ``request`` ask for every optional output its model declares (counts, log probs, perf metrics).
+
+    perf_analyzer 2.51 records every output a model declares in each response; one a response
+    leaves out is read from uninitialized memory, and when that reads as NaN or infinity its
+    JSON writer stops and the profile export is empty (genai-perf then fails on it)."""
+    request.return_num_input_tokens = request.return_num_output_tokens = True
+    request.return_log_probs = request.return_perf_metrics = True
+
+
 def _content(array: np.ndarray) -> list[Any]:
     flat = array.reshape(-1)
     if array.dtype == np.object_:
@@ -63,13 +73,16 @@ def input_data(samples: Sequence[SampledRequest], contract: str, tokenizer: Any 
 
 def write_inputs(path: Path, model: str, mix: str = "chat", samples: int = 32, seed: int = 0,
                  tokenizer: Any = None, contract: str | None = None,
-                 stream: bool = True) -> Path:
-    """Sample ``samples`` requests from ``mix`` and write perf_analyzer input data for ``model``."""
+                 stream: bool = True, every_output: bool = True) -> Path:
+    """Sample ``samples`` requests from ``mix`` and write perf_analyzer input data for ``model``
+    (``every_output``: each request asks for every optional output, see ask_for_every_output)."""
     tok = tokenizer if tokenizer is not None else load_tokenizer(DEFAULT_TOKENIZER)
     sampler = WorkloadSampler(get_mix(mix), PromptFactory(tok), seed=seed)
     drawn = sampler.take(samples)
     for s in drawn:
         s.request.stream = stream
+        if every_output:
+            ask_for_every_output(s.request)
     doc = input_data(drawn, contract_for(model, contract), tok)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,11 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-stream", action="store_true", help="ask for one response per request")
+    p.add_argument("--asked-outputs-only", action="store_true",
+                   help="do not ask for every optional output (perf_analyzer 2.51 may then empty its export)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     try:
         path = write_inputs(args.out, args.model, args.mix, args.samples, args.seed,
-                            contract=args.contract, stream=not args.no_stream)
+                            contract=args.contract, stream=not args.no_stream,
+                            every_output=not args.asked_outputs_only)
     except (ValueError, OSError) as exc:
         print(f"perf_inputs: {exc}", file=sys.stderr)
         return 2

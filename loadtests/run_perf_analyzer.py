@@ -58,6 +58,43 @@ def perf_analyzer_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: Runs of one measurement, at most, when perf_analyzer leaves its profile export empty.
+EXPORT_ATTEMPTS = 3
+
+
+def empty_exports(root: Path) -> list[Path]:
+    """The zero-length ``profile_export.json`` files under ``root``."""
+    return [p for p in Path(root).glob("**/profile_export.json") if p.stat().st_size == 0]
+
+
+def run_keeping_export(cmd: list[str], cwd: Path, env: dict[str, str], log_path: Path, export_root: Path,
+                       timeout_s: float, attempts: int = EXPORT_ATTEMPTS) -> int:
+    """Run ``cmd`` (perf_analyzer or genai-perf), output to ``log_path``; run it again while it
+    left an empty profile export under ``export_root``; returns the last exit code.
+
+    perf_analyzer 2.51 reads an output tensor that a response leaves out, or sends with no
+    elements (the router's FINAL response: no new log probs), from memory it does not own;
+    when those bytes read as a float NaN or infinity, its JSON writer stops before its first
+    flush and the export is empty (genai-perf then fails parsing it). Asking for every
+    optional output (perf_inputs.ask_for_every_output) leaves one such read per request."""
+    code = 0
+    with open(log_path, "w") as log:
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                log.write(f"\n[run_perf_analyzer] attempt {attempt} of {attempts}: the profile export of the "
+                          "previous one was empty (perf_analyzer 2.51 reads a left-out or empty output as "
+                          "garbage; a NaN there stops its JSON writer)\n")
+                log.flush()
+            code = subprocess.run(cmd, cwd=str(cwd), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout_s).returncode
+            empty = empty_exports(export_root)
+            if not empty:
+                return code
+            for path in empty:
+                path.unlink()
+    return code if code else 1
+
+
 def perf_analyzer_command(url: str, model: str, input_data: Path, out_dir: Path,
                           concurrency: str | None = "1", request_rate: str | None = None,
                           measurement_interval_ms: int = 10000, stability_pct: float = 30.0,
@@ -118,20 +155,23 @@ def run_perf_analyzer(url: str, model: str, out_dir: Path, mix: str = "chat", sa
     cmd = perf_analyzer_command(url, model, inputs, out_dir, concurrency, request_rate,
                                 measurement_interval_ms, stability_pct, max_trials, extra=extra)
     (out_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    with open(out_dir / "perf_analyzer.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=str(ROOT), env=perf_analyzer_env(), stdout=log,
-                              stderr=subprocess.STDOUT, timeout=timeout_s)
+    code = run_keeping_export(cmd, ROOT, perf_analyzer_env(), out_dir / "perf_analyzer.log", out_dir, timeout_s)
     summary: list[dict[str, Any]] = []
     export = out_dir / "profile_export.json"
     if export.exists():
         summary = summarize_export(export)
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return proc.returncode, summary
+    return code, summary
 
 
 def genai_perf_available() -> bool:
     """True when setup.sh has installed genai-perf (``.runtime/genai-perf``)."""
     return GP_BIN.exists()
+
+
+#: The router's (and trtllm's) flags that turn on its optional outputs.
+EVERY_OUTPUT_FLAGS: tuple[str, ...] = ("return_num_input_tokens", "return_num_output_tokens", "return_log_probs",
+                                       "return_perf_metrics")
 
 
 def genai_perf_command(url: str, model: str = "router_bls", out_dir: Path = RESULTS / "genai-perf",
@@ -141,7 +181,10 @@ def genai_perf_command(url: str, model: str = "router_bls", out_dir: Path = RESU
     """The genai-perf command: router_bls through its TensorRT-LLM-compatible contract over gRPC
     (``kserve``), or the OpenAI frontend (``chat`` / ``completions``, ``url`` its http://host:port)."""
     if endpoint_type == "kserve":
-        target = ["--endpoint-type", "kserve", "--backend", "tensorrtllm"]
+        # Every optional output asked for: perf_analyzer reads a left-out one as garbage, and a NaN
+        # among it empties the export (perf_inputs.ask_for_every_output).
+        target = ["--endpoint-type", "kserve", "--backend", "tensorrtllm",
+                  *(a for flag in EVERY_OUTPUT_FLAGS for a in ("--extra-inputs", f"{flag}:true"))]
     elif endpoint_type in ("chat", "completions"):
         target = ["--endpoint-type", endpoint_type]
     else:
@@ -186,14 +229,12 @@ def run_genai_perf(url: str, out_dir: Path, model: str = "router_bls", concurren
     cmd = genai_perf_command(url, model, out_dir / "artifacts", concurrency, input_tokens, output_tokens,
                              num_prompts, measurement_interval_ms, endpoint_type, request_count)
     (out_dir / "command.txt").write_text(" ".join(cmd) + "\n")
-    with open(out_dir / "genai_perf.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=str(out_dir), env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=timeout_s)
+    code = run_keeping_export(cmd, out_dir, env, out_dir / "genai_perf.log", out_dir / "artifacts", timeout_s)
     summary: dict[str, Any] = {}
-    if proc.returncode == 0:
+    if code == 0:
         summary = summarize_genai_perf(out_dir / "artifacts")
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return proc.returncode, summary
+    return code, summary
 
 
 def _fmt_ms(value: float | None) -> str:

@@ -79,7 +79,14 @@ def test_genai_perf_profiles_router_bls_with_the_tensorrtllm_backend(server):
     out = ROOT / "loadtests" / "results" / "ci-genai-perf"
     code, summary = run_genai_perf(server.grpc_url, out, concurrency=1, input_tokens=64, output_tokens=16,
                                    num_prompts=10, measurement_interval_ms=6000, timeout_s=300)
-    assert code == 0, (out / "genai_perf.log").read_text()[-2000:]
+    log = (out / "genai_perf.log").read_text()
+    assert code == 0, log[:3000] + "\n...\n" + log[-2000:]
+    # Every response carries the optional outputs genai-perf was told to ask for (a left-out one
+    # is garbage in perf_analyzer's export, and a NaN there empties it).
+    export = json.loads(next((out / "artifacts").glob("**/profile_export.json")).read_text())
+    responses = [o for r in export["experiments"][0]["requests"] for o in r["response_outputs"]]
+    assert responses and all(o["num_input_tokens"] == 64 and o["acceptance_rate"] == 0.0
+                             and o["backend"] in ("trtllm", "vllm_backend") for o in responses), responses[:3]
     ttft = summary["time_to_first_token"]
     assert summary["request_count"] and summary["request_count"] > 0, summary
     assert ttft["unit"] == "ms" and 0 < ttft["p50"] <= summary["request_latency"]["p99"]

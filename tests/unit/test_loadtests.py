@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hybrid_llm.contracts import HIGH, NORMAL, URGENT, GenerationRequest
-from loadtests.perf_inputs import input_data, tensors_to_entry
+from loadtests.perf_inputs import ask_for_every_output, input_data, tensors_to_entry
+from loadtests.run_perf_analyzer import EVERY_OUTPUT_FLAGS, genai_perf_command, run_keeping_export
 from loadtests.runner import RequestRecord, contract_for, pack, percentile, summarize
 from loadtests.shapes import (
     Pacer, QpsStepShape, ReplaySchedule, Stage, parse_qps_steps, parse_stages, stages_from_steps,
@@ -351,6 +352,51 @@ def test_perf_analyzer_entries_drop_the_batch_dim_for_batched_models() -> None:
     doc = input_data([sample, sample], "router")
     assert len(doc["data"]) == 2
     json.dumps(doc)  # serializable as perf_analyzer reads it
+
+
+def test_perf_inputs_ask_for_every_optional_output_of_each_contract() -> None:
+    req = GenerationRequest(prompt="hello", max_tokens=8, return_num_input_tokens=False)
+    ask_for_every_output(req)
+    router = tensors_to_entry(pack("router", req), batched=True)
+    assert all(router[flag]["content"] == [True] for flag in EVERY_OUTPUT_FLAGS)
+    vllm = tensors_to_entry(pack("vllm", req), batched=False)
+    for flag in ("return_num_input_tokens", "return_num_output_tokens", "return_logprobs",
+                 "return_cumulative_logprob", "return_finish_reason"):
+        assert vllm[flag]["content"] == [True], flag
+
+
+def test_genai_perf_asks_the_router_for_every_optional_output() -> None:
+    cmd = genai_perf_command("127.0.0.1:8001")
+    asked = {cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--extra-inputs"}
+    assert asked == {f"{flag}:true" for flag in EVERY_OUTPUT_FLAGS}
+    assert "--extra-inputs" not in genai_perf_command("http://127.0.0.1:9000", endpoint_type="chat")
+
+
+def _fake_profiler(tmp_path: Path, empty_runs: int, code: int = 0) -> list[str]:
+    """A command that writes an empty export on its first ``empty_runs`` runs, then a full one."""
+    script = (f"import pathlib, sys; d = pathlib.Path({str(tmp_path)!r}); c = d / 'count'; "
+              "n = int(c.read_text()) + 1 if c.exists() else 1; c.write_text(str(n)); "
+              "e = d / 'a' / 'profile_export.json'; e.parent.mkdir(exist_ok=True); "
+              "assert not e.exists(), 'export path exists'; "
+              f"e.write_text('' if n <= {empty_runs} else '{{}}'); print('run', n); "
+              f"sys.exit({code} if n <= {empty_runs} else 0)")
+    return [sys.executable, "-c", script]
+
+
+def test_an_empty_profile_export_is_run_again_and_the_log_says_why(tmp_path: Path) -> None:
+    log = tmp_path / "pa.log"
+    code = run_keeping_export(_fake_profiler(tmp_path, empty_runs=1, code=1), tmp_path, {}, log, tmp_path, 30)
+    assert code == 0
+    assert (tmp_path / "a" / "profile_export.json").read_text() == "{}"
+    text = log.read_text()
+    assert "run 1" in text and "run 2" in text and "attempt 2 of 3" in text and "was empty" in text
+
+
+def test_an_export_that_stays_empty_fails_after_the_last_attempt(tmp_path: Path) -> None:
+    code = run_keeping_export(_fake_profiler(tmp_path, empty_runs=9), tmp_path, {}, tmp_path / "pa.log", tmp_path,
+                              30, attempts=2)
+    assert code == 1  # perf_analyzer said 0, but there is no export to read
+    assert (tmp_path / "count").read_text() == "2" and not (tmp_path / "a" / "profile_export.json").exists()
 
 
 def _rec(i: int, ttft: float | None, sla: float | None = 120.0, lag: float = 0.0, error: str | None = None,
