@@ -19,15 +19,18 @@ Not part of CI: ``python -m loadtests.soak --fault none --requests 100000``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from hybrid_llm.contracts import GenerationRequest, router_tensors
 from client.stream import stream_grpc
+from hybrid_llm.server import RUNTIME
 from hybrid_llm.watchdog import HangDetector, progress_of
 from tests.server_fixture import metric_value, running_server, scrape
 
@@ -52,14 +55,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cancel-fraction", type=float, default=0.1, help="streams the client cancels mid-way")
     p.add_argument("--stall-s", type=float, default=120.0, help="a request without its final response this long is hung")
     p.add_argument("--hang-bound-s", type=float, default=15.0, help="the hang detector's bound")
+    p.add_argument("--server-root", type=Path, default=RUNTIME,
+                   help="tritonserver's folder (bin/, backends/), e.g. a copy with another Python backend build")
     a = p.parse_args(argv)
+    if not (a.server_root / "bin" / "tritonserver").exists():
+        p.error(f"{a.server_root / 'bin' / 'tritonserver'} is missing (--server-root)")
     models = ["router_bls", "vllm_backend", "trtllm"]
     counts = {"sent": 0, "completed": 0, "cancelled": 0, "errored": 0, "hung": 0}
     first_errors: list[str] = []
     watch = {"max_stall_s": 0.0, "unhealthy_scrapes": 0, "scrapes": 0}
     lock = threading.Lock()
     control = {"model_control": "explicit", "load_models": models} if a.fault == "unload" else {}
-    with running_server("soak", **control) as s:
+    record = a.server_root / "backends" / "python" / "triton_python_backend_stub.json"
+    built = json.loads(record.read_text()) if record.exists() else {}
+    print(f"[soak] server {a.server_root}; Python stub: "
+          + (f"built, pin set {built.get('pin_set', 'r24.10')}, {len(built.get('source_fixes', []))} source fixes"
+             if built else "the wheel's"), flush=True)
+    with running_server("soak", runtime=a.server_root.resolve(), **control) as s:
         rss0 = s.rss_bytes()
         t0 = time.monotonic()
         stop = t0 + a.duration_s

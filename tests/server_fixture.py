@@ -6,10 +6,11 @@ import re
 import time
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from build_scripts.render import render
-from hybrid_llm.server import ROOT, TritonServer, free_ports
+from hybrid_llm.server import ROOT, RUNTIME, TritonServer, free_ports
 from client.stream import StreamResult
 
 BUILD = ROOT / "build" / "tests"
@@ -23,8 +24,10 @@ SERVER_NICE = 5
 @contextmanager
 def running_server(name: str, models: Sequence[str] | None = None,
                    overrides: Mapping[str, str] | None = None, model_control: str = "none",
-                   load_models: Sequence[str] = (), timeout_s: float = 420.0) -> Iterator[TritonServer]:
-    """Render the CPU profile into build/tests/<name>, start tritonserver, yield it, stop it.
+                   load_models: Sequence[str] = (), timeout_s: float = 420.0,
+                   runtime: Path = RUNTIME) -> Iterator[TritonServer]:
+    """Render the CPU profile into build/tests/<name>, start tritonserver (from ``runtime``),
+    yield it, stop it.
 
     Ports are free when picked but may be taken before tritonserver binds them (seen once
     in CI: "Socket ... already in use"); such a start is retried with new ports, twice.
@@ -38,7 +41,7 @@ def running_server(name: str, models: Sequence[str] | None = None,
         if log.exists():
             log.unlink()
         server = TritonServer(repo, log, http, grpc, metrics, model_control=model_control,
-                              load_models=load_models, nice=SERVER_NICE)
+                              load_models=load_models, nice=SERVER_NICE, runtime=runtime)
         t0 = time.monotonic()
         server.start()
         try:
