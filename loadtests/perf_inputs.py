@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hybrid_llm.contracts.router import RETURN_FLAGS
+
 from .runner import contract_for, pack
 from .workload import (
     DEFAULT_TOKENIZER, MIXES, PromptFactory, SampledRequest, WorkloadSampler, get_mix, load_tokenizer,
@@ -36,8 +38,8 @@ def ask_for_every_output(request: Any) -> None:
     perf_analyzer 2.51 records every output a model declares in each response; one a response
     leaves out is read from uninitialized memory, and when that reads as NaN or infinity its
     JSON writer stops and the profile export is empty (genai-perf then fails on it)."""
-    request.return_num_input_tokens = request.return_num_output_tokens = True
-    request.return_log_probs = request.return_perf_metrics = True
+    for flag in RETURN_FLAGS:
+        setattr(request, flag, True)
 
 
 def _content(array: np.ndarray) -> list[Any]:

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hybrid_llm.contracts.router import RETURN_FLAGS
+
 from .perf_inputs import write_inputs
 from .runner import percentile
 from .workload import DEFAULT_TOKENIZER, MIXES
@@ -169,11 +171,6 @@ def genai_perf_available() -> bool:
     return GP_BIN.exists()
 
 
-#: The router's (and trtllm's) flags that turn on its optional outputs.
-EVERY_OUTPUT_FLAGS: tuple[str, ...] = ("return_num_input_tokens", "return_num_output_tokens", "return_log_probs",
-                                       "return_perf_metrics")
-
-
 def genai_perf_command(url: str, model: str = "router_bls", out_dir: Path = RESULTS / "genai-perf",
                        concurrency: int = 1, input_tokens: int = 128, output_tokens: int = 64,
                        num_prompts: int = 50, measurement_interval_ms: int = 10000,
@@ -184,7 +181,7 @@ def genai_perf_command(url: str, model: str = "router_bls", out_dir: Path = RESU
         # Every optional output asked for: perf_analyzer reads a left-out one as garbage, and a NaN
         # among it empties the export (perf_inputs.ask_for_every_output).
         target = ["--endpoint-type", "kserve", "--backend", "tensorrtllm",
-                  *(a for flag in EVERY_OUTPUT_FLAGS for a in ("--extra-inputs", f"{flag}:true"))]
+                  *(a for flag in RETURN_FLAGS for a in ("--extra-inputs", f"{flag}:true"))]
     elif endpoint_type in ("chat", "completions"):
         target = ["--endpoint-type", endpoint_type]
     else:

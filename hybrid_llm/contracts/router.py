@@ -100,6 +100,11 @@ class GenerationRequest:
     return_perf_metrics: bool = False
 
 
+#: The request flags that turn on router_bls's optional outputs (GenerationRequest fields of the same names).
+RETURN_FLAGS: tuple[str, ...] = ("return_num_input_tokens", "return_num_output_tokens", "return_log_probs",
+                                 "return_perf_metrics")
+
+
 def pack(req: GenerationRequest) -> dict[str, np.ndarray]:
     """Tensors for ``router_bls`` (batch of one: [1, 1])."""
     t: dict[str, np.ndarray] = {
@@ -109,7 +114,7 @@ def pack(req: GenerationRequest) -> dict[str, np.ndarray]:
         "exclude_input_in_output": scalar_array(req.exclude_input_in_output, np.bool_),
         "priority": scalar_array(req.priority, np.int32),
     }
-    for name in ("return_num_input_tokens", "return_num_output_tokens", "return_log_probs", "return_perf_metrics"):
+    for name in RETURN_FLAGS:
         if getattr(req, name):
             t[name] = scalar_array(True, np.bool_)
     for name, dtype in (*SAMPLING_FIELDS, ("latency_sla_ms", np.float32), ("end_id", np.int32), ("pad_id", np.int32)):

@@ -14,7 +14,8 @@ import pytest
 
 from hybrid_llm.contracts import HIGH, NORMAL, URGENT, GenerationRequest
 from loadtests.perf_inputs import ask_for_every_output, input_data, tensors_to_entry
-from loadtests.run_perf_analyzer import EVERY_OUTPUT_FLAGS, genai_perf_command, run_keeping_export
+from hybrid_llm.contracts.router import RETURN_FLAGS
+from loadtests.run_perf_analyzer import genai_perf_command, run_keeping_export
 from loadtests.runner import RequestRecord, contract_for, pack, percentile, summarize
 from loadtests.shapes import (
     Pacer, QpsStepShape, ReplaySchedule, Stage, parse_qps_steps, parse_stages, stages_from_steps,
@@ -358,7 +359,7 @@ def test_perf_inputs_ask_for_every_optional_output_of_each_contract() -> None:
     req = GenerationRequest(prompt="hello", max_tokens=8, return_num_input_tokens=False)
     ask_for_every_output(req)
     router = tensors_to_entry(pack("router", req), batched=True)
-    assert all(router[flag]["content"] == [True] for flag in EVERY_OUTPUT_FLAGS)
+    assert all(router[flag]["content"] == [True] for flag in RETURN_FLAGS)
     vllm = tensors_to_entry(pack("vllm", req), batched=False)
     for flag in ("return_num_input_tokens", "return_num_output_tokens", "return_logprobs",
                  "return_cumulative_logprob", "return_finish_reason"):
@@ -368,7 +369,7 @@ def test_perf_inputs_ask_for_every_optional_output_of_each_contract() -> None:
 def test_genai_perf_asks_the_router_for_every_optional_output() -> None:
     cmd = genai_perf_command("127.0.0.1:8001")
     asked = {cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--extra-inputs"}
-    assert asked == {f"{flag}:true" for flag in EVERY_OUTPUT_FLAGS}
+    assert asked == {f"{flag}:true" for flag in RETURN_FLAGS}
     assert "--extra-inputs" not in genai_perf_command("http://127.0.0.1:9000", endpoint_type="chat")
 
 
